@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up (idempotent) and run the whole test suite: lint, types, tests.
+# Usage: ./test.sh [pytest args]   e.g. ./test.sh -m soak   or   ./test.sh tests/broker
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/scripts/setup.sh"
+cd "$ROOT"
+setup_test_debs
+setup_venv test,spark
+install_ocf_agent
+log "ruff"
+"$VENV/bin/ruff" check broker ha spark tests bench
+log "mypy"
+"$VENV/bin/mypy" broker ha
+log "pytest"
+if [[ $# -eq 0 ]]; then set -- -m "not soak"; fi
+exec "$VENV/bin/pytest" "$@"
