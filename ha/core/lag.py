@@ -1,0 +1,83 @@
+"""Which acknowledgements become ``ha.lag`` samples (docs/events.md).
+
+``LagSampler.sample(now)`` is asked once per acknowledged position. While acknowledgements arrive at under
+``max_per_second`` it keeps every one (sample rate 1.0). Above that it keeps each with probability
+``max_per_second / rate``, where ``rate`` is estimated from the previous one-second window and the current one so far.
+The probability is decided *before* the coin is tossed, from past acknowledgements only, so weighting each logged
+sample by ``1 / sample_rate`` gives an unbiased count. In the first second of a burst the estimate trails the real
+rate, so up to a few times ``max_per_second`` lines may be written; from the next second on it is about
+``max_per_second``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+class LagSampler:
+    def __init__(self, max_per_second: float = 1000.0, *, rng: Callable[[], float] | None = None) -> None:
+        """``rng`` returns uniform floats in [0, 1) (default: a private ``random.Random``); inject one in tests."""
+        if max_per_second <= 0:
+            raise ValueError(f"max_per_second must be > 0, got {max_per_second}")
+        self.max_per_second = max_per_second
+        self._rng = rng if rng is not None else random.Random().random
+        self._window_start: float | None = None
+        # Acknowledgements seen in the current window and in the one just before it.
+        self._current = 0
+        self._previous = 0
+
+    def rate(self, now: float) -> float:
+        """The estimated acknowledgement rate per second at ``now`` (before counting a new one)."""
+        self._roll(now)
+        return float(max(self._previous, self._current))
+
+    def sample(self, now: float) -> float | None:
+        """Count one acknowledgement at ``now``; return the sample rate to log it with, or None to skip it."""
+        rate = self.rate(now)
+        self._current += 1
+        if rate < self.max_per_second:
+            return 1.0
+        p = self.max_per_second / rate
+        return p if self._rng() < p else None
+
+    def _roll(self, now: float) -> None:
+        if self._window_start is None:
+            self._window_start = now
+            return
+        elapsed = now - self._window_start
+        # A clock step back, or a silent second: start afresh rather than trusting either window.
+        if elapsed < 0 or elapsed >= 2.0:
+            self._window_start, self._previous, self._current = now, 0, 0
+        elif elapsed >= 1.0:
+            self._window_start, self._previous, self._current = self._window_start + 1.0, self._current, 0
+
+
+@dataclass(frozen=True)
+class LagSample:
+    """One ``ha.lag`` event's fields; ``fields()`` is what the caller passes to the logger."""
+
+    queue: str
+    backup: str
+    position: int
+    enqueue_ts: float
+    ack_ts: float
+    backlog: int
+    sample_rate: float
+
+    @property
+    def lag_ms(self) -> float:
+        return (self.ack_ts - self.enqueue_ts) * 1000.0
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "queue": self.queue,
+            "backup": self.backup,
+            "position": self.position,
+            "enqueue_ts": self.enqueue_ts,
+            "ack_ts": self.ack_ts,
+            "lag_ms": self.lag_ms,
+            "backlog": self.backlog,
+            "sample_rate": self.sample_rate,
+        }
