@@ -1,0 +1,126 @@
+"""Pure election rules: who may contend, who may take leadership, and what a broker does about a view.
+
+No I/O here.  Backends call `should_attempt`, `next_epoch` and `wait_reason`; the broker calls `decide` once per
+view or session change and carries out the returned `Decision` (one turn, one decision, one log line).
+
+Rules:
+
+- Only *ready* backups contend.  When the cluster is brand new (no election ever happened at this path, and no
+  member - including me - has an epoch or any data) every broker contends, so three fresh brokers form a cluster.
+- Among candidates, the one with the newest data (epoch, position) takes leadership; ties go to the smallest
+  name.  If the last leader published a ready set, only candidates in it may win: a backup the primary dropped
+  may still say "ready" about itself but holds stale data.
+- A primary demotes at once when its session is lost, when someone else leads, or when the cluster epoch is
+  higher than its own; while suspended it pauses (settles nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ha.coordination.base import ClusterView, MemberRecord, Session, WaitReason
+
+CONTENDING_STATES = frozenset({"ready"})
+PRIMARY_ROLE = "primary"
+
+
+class Action(StrEnum):
+    CONTEND = "contend"  # call coordinator.contend() (idempotent)
+    WITHDRAW = "withdraw"  # call coordinator.withdraw() (idempotent; releases leadership if held)
+    PROMOTE = "promote"  # I lead: become primary with view.epoch
+    DEMOTE = "demote"  # primary: step down now and come back as a backup
+    PAUSE = "pause"  # primary: settle nothing until the session is back
+    CARRY_ON = "carry_on"  # primary: keep serving
+
+
+class Reason(StrEnum):
+    ELECTED = "elected"
+    LEADING = "leading"
+    SESSION_SUSPENDED = "session_suspended"
+    SESSION_LOST = "session_lost"
+    OTHER_LEADER = "other_leader"
+    HIGHER_EPOCH = "higher_epoch"
+    NEW_CLUSTER = "new_cluster"
+    READY = "ready"
+    NOT_READY = "not_ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Action
+    reason: Reason
+    epoch: int  # the epoch the action refers to (the view's epoch)
+
+
+def cluster_is_new(view: ClusterView, me: MemberRecord) -> bool:
+    """No election has happened at this path and no known broker has an epoch or data."""
+    records = (*view.members, me)
+    return view.epoch == 0 and all(r.epoch == 0 and r.position == 0 for r in records)
+
+
+def eligible(me: MemberRecord, view: ClusterView) -> bool:
+    """May this broker be a candidate?"""
+    return me.state in CONTENDING_STATES or cluster_is_new(view, me)
+
+
+def decide(me: MemberRecord, view: ClusterView) -> Decision:
+    """What the broker described by ``me`` should do about ``view``."""
+    if me.role == PRIMARY_ROLE:
+        return _decide_primary(me, view)
+    if not eligible(me, view):
+        return Decision(Action.WITHDRAW, Reason.NOT_READY, view.epoch)
+    if view.i_am_leader and view.session is Session.CONNECTED:
+        return Decision(Action.PROMOTE, Reason.ELECTED, view.epoch)
+    reason = Reason.READY if me.state in CONTENDING_STATES else Reason.NEW_CLUSTER
+    return Decision(Action.CONTEND, reason, view.epoch)
+
+
+def _decide_primary(me: MemberRecord, view: ClusterView) -> Decision:
+    if view.session is Session.LOST:
+        return Decision(Action.DEMOTE, Reason.SESSION_LOST, view.epoch)
+    if view.epoch > me.epoch:
+        return Decision(Action.DEMOTE, Reason.HIGHER_EPOCH, view.epoch)
+    if view.session is Session.SUSPENDED:
+        return Decision(Action.PAUSE, Reason.SESSION_SUSPENDED, view.epoch)
+    if not view.i_am_leader:
+        return Decision(Action.DEMOTE, Reason.OTHER_LEADER, view.epoch)
+    return Decision(Action.CARRY_ON, Reason.LEADING, view.epoch)
+
+
+def _in_ready_set(name: str, view: ClusterView) -> bool:
+    return view.ready_set is None or name in view.ready_set
+
+
+def _best_first(records: Iterable[MemberRecord]) -> list[MemberRecord]:
+    return sorted(records, key=lambda r: (-r.epoch, -r.position, r.name))
+
+
+def should_attempt(name: str, view: ClusterView, force: bool = False) -> bool:
+    """Should candidate ``name`` try to take leadership now?  (Backends call this.)"""
+    if view.leader is not None or name not in view.candidates:
+        return False
+    if force:
+        return True
+    eligible_candidates = [
+        m for m in view.members if m.name in view.candidates and _in_ready_set(m.name, view)
+    ]
+    ranked = _best_first(eligible_candidates)
+    return bool(ranked) and ranked[0].name == name
+
+
+def next_epoch(counter: int, members: Iterable[MemberRecord]) -> int:
+    """The epoch a new leader takes: above the store's counter and above every epoch any member has seen."""
+    return max([counter, *(m.epoch for m in members)]) + 1
+
+
+def wait_reason(view: ClusterView) -> WaitReason | None:
+    """Why a leaderless view has no leader (None when there is a leader)."""
+    if view.leader is not None:
+        return None
+    if not view.candidates:
+        return WaitReason.NO_READY_MEMBER
+    if not any(_in_ready_set(c, view) for c in view.candidates):
+        return WaitReason.NO_CANDIDATE_IN_READY_SET
+    return WaitReason.ELECTION_PENDING

@@ -1,0 +1,149 @@
+"""Where the ZooKeeper backend keeps things, and how it reads them back (one snapshot per read).
+
+Layout under the cluster path (``--zk-path``, e.g. ``/understudy/CLUSTER``)::
+
+    epoch               persistent  the cluster epoch, decimal; changed only in the transaction that elects a leader
+    leader              ephemeral   {"name", "address", "epoch"} of the current leader (owned by its session)
+    members/<name>      ephemeral   a MemberRecord as JSON, one per running broker
+    candidates/<name>   ephemeral   empty; present while the broker contends
+    ready               persistent  {"epoch", "leader", "names"}: backups the latest leader counted as ready
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import WatchedEvent
+
+from ha.coordination.base import CoordinatorError, MemberRecord
+
+Watch = Callable[[WatchedEvent], None] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    root: str
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.root}/epoch"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.root}/leader"
+
+    @property
+    def members(self) -> str:
+        return f"{self.root}/members"
+
+    @property
+    def candidates(self) -> str:
+        return f"{self.root}/candidates"
+
+    @property
+    def ready(self) -> str:
+        return f"{self.root}/ready"
+
+    def member(self, name: str) -> str:
+        return f"{self.members}/{name}"
+
+    def candidate(self, name: str) -> str:
+        return f"{self.candidates}/{name}"
+
+    @property
+    def cluster_name(self) -> str:
+        return self.root.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything stored under the cluster path, as read in one pass."""
+
+    leader: str | None
+    leader_owner: int | None  # session id owning the leader znode
+    epoch: int
+    epoch_version: int  # -1 when the epoch znode does not exist yet
+    members: tuple[MemberRecord, ...]
+    candidates: tuple[str, ...]
+    ready_set: frozenset[str] | None
+
+
+def leader_data(name: str, address: str, epoch: int) -> bytes:
+    return json.dumps({"name": name, "address": address, "epoch": epoch}, sort_keys=True).encode()
+
+
+def ready_data(epoch: int, leader: str, names: frozenset[str]) -> bytes:
+    return json.dumps({"epoch": epoch, "leader": leader, "names": sorted(names)}, sort_keys=True).encode()
+
+
+def _json(data: bytes, what: str) -> Any:
+    try:
+        return json.loads(data.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CoordinatorError(f"unreadable {what} znode: {exc}") from exc
+
+
+def _parse_epoch(data: bytes) -> int:
+    text = data.decode(errors="replace").strip()
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise CoordinatorError(f"unreadable epoch znode: {text!r}") from exc
+
+
+def read_snapshot(client: KazooClient, layout: Layout, watch: Watch = None) -> Snapshot:
+    """Read the whole cluster path; ``watch`` (if given) is set on every znode read, to learn of any change."""
+    epoch, epoch_version = 0, -1
+    if client.exists(layout.epoch, watch=watch) is not None:
+        try:
+            data, stat = client.get(layout.epoch, watch=watch)
+            epoch, epoch_version = _parse_epoch(data), stat.version
+        except NoNodeError:
+            pass
+    leader: str | None = None
+    leader_owner: int | None = None
+    if client.exists(layout.leader, watch=watch) is not None:
+        try:
+            data, stat = client.get(layout.leader, watch=watch)
+            leader, leader_owner = str(_json(data, "leader")["name"]), stat.ephemeralOwner
+        except NoNodeError:
+            pass
+    members = []
+    for name in _children(client, layout.members, watch):
+        try:
+            data, _ = client.get(layout.member(name), watch=watch)
+        except NoNodeError:
+            continue
+        members.append(MemberRecord.from_json(data))
+    candidates = tuple(sorted(_children(client, layout.candidates, watch)))
+    ready_set: frozenset[str] | None = None
+    if client.exists(layout.ready, watch=watch) is not None:
+        try:
+            data, _ = client.get(layout.ready, watch=watch)
+            if data:
+                ready_set = frozenset(str(n) for n in _json(data, "ready")["names"])
+        except NoNodeError:
+            pass
+    return Snapshot(
+        leader=leader,
+        leader_owner=leader_owner,
+        epoch=epoch,
+        epoch_version=epoch_version,
+        members=tuple(sorted(members, key=lambda m: m.name)),
+        candidates=candidates,
+        ready_set=ready_set,
+    )
+
+
+def _children(client: KazooClient, path: str, watch: Watch) -> list[str]:
+    try:
+        return list(client.get_children(path, watch=watch))
+    except NoNodeError:
+        return []
