@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ha.core.idset import PositionSet, as_position_set
+from ha.core.idset import PositionSet, as_position_set, valid_positions
 
 
 @dataclass(frozen=True)
@@ -139,14 +139,15 @@ class QueueCatchup:
         self._sent += len(batch)
         return batch
 
-    def acked(self, positions: Iterable[int]) -> int:
-        """The backup acknowledged ``positions``; returns how many were in flight (the rest is counted as ignored)."""
-        got = as_position_set(positions)
+    def acked(self, positions: Iterable[object]) -> int:
+        """The backup acknowledged ``positions``; returns how many were in flight (the rest is counted as ignored,
+        except live positions, which are the guards' business)."""
+        got, junk = valid_positions(positions)
         live = self._live_part(got)
         known = got.intersection(self._unacked)
         self._unacked.difference_update(known)
         self._acked += len(known)
-        self.ignored_acks += len(got) - len(known) - live
+        self.ignored_acks += len(got) - len(known) - live + junk
         return len(known)
 
     def dequeued(self, positions: Iterable[int]) -> None:

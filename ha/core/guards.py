@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ha.core.idset import PositionSet, as_position_set
+from ha.core.idset import PositionSet, as_position_set, valid_positions
 
 T = TypeVar("T", bound=Hashable)
 Place = tuple[str, int]  # (queue name, position)
@@ -155,14 +155,14 @@ class GuardBook(Generic[T]):
         self._remaining[token] = len(places)
         return True
 
-    def acked(self, backup: str, queue: str, positions: Iterable[int]) -> AckResult[T]:
-        """``backup`` acknowledged holding ``positions`` of ``queue``."""
-        got = as_position_set(positions)
+    def acked(self, backup: str, queue: str, positions: Iterable[object]) -> AckResult[T]:
+        """``backup`` acknowledged holding ``positions`` of ``queue`` (peer input: junk items are ignored too)."""
+        got, junk = valid_positions(positions)
         book = self._backups.get(backup)
         pending = book.pending.get(queue) if book is not None else None
         if book is None or pending is None:
-            self._ignored_acks += len(got)
-            return AckResult((), (), len(got))
+            self._ignored_acks += len(got) + junk
+            return AckResult((), (), len(got) + junk)
         known = got.intersection(pending)
         pending.difference_update(known)
         if not pending:
@@ -179,7 +179,7 @@ class GuardBook(Generic[T]):
             if not entry.waiting:
                 self._remove_entry(entry, released)
         self._prune(book, backup)
-        ignored = len(got) - len(known)
+        ignored = len(got) - len(known) + junk
         self._ignored_acks += ignored
         return AckResult(tuple(released), tuple(acked), ignored)
 

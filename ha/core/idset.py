@@ -296,6 +296,20 @@ def _ranges_of(positions: Iterable[int]) -> list[Range]:
     return PositionSet(positions).ranges()
 
 
+def valid_positions(positions: Iterable[object]) -> tuple[PositionSet, int]:
+    """Positions from peer input: the ints >= 1 as a set, and how many items were not (bools, 0, junk)."""
+    if isinstance(positions, PositionSet):
+        return positions, 0
+    good = PositionSet()
+    bad = 0
+    for p in positions:
+        if isinstance(p, int) and not isinstance(p, bool) and p >= 1:
+            good.add(p)
+        else:
+            bad += 1
+    return good, bad
+
+
 def as_position_set(positions: Iterable[int]) -> PositionSet:
     """Return ``positions`` if it already is a PositionSet, else a new one built from it."""
     return positions if isinstance(positions, PositionSet) else PositionSet(positions)

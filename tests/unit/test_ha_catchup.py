@@ -180,3 +180,10 @@ def test_odd_orders_are_ignored_and_counted_never_crash() -> None:
     p = tracker.progress()
     assert (p.acked, p.dropped, p.dequeued_in_flight, p.fraction) == (1, 3, 1, 1.0)
     assert tracker.acked([4]) == 0  # late acknowledgement of the dequeued one
+
+
+def test_junk_acknowledgements_are_counted() -> None:
+    tracker = QueueCatchup(plan_of(3))
+    tracker.next_batch(3)
+    assert tracker.acked([0, "x", None, 3]) == 1
+    assert tracker.ignored_acks == 3

@@ -118,7 +118,7 @@ def test_bad_local_arguments_raise() -> None:
         s.max()
     with pytest.raises(KeyError):
         s.pop_max()
-    assert "3" not in s  # type: ignore[operator]
+    assert "3" not in s
 
 
 def test_a_million_contiguous_positions_cost_one_range() -> None:
