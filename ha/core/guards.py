@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ha.core.idset import PositionSet, as_position_set, valid_positions
+from ha.core.idset import PositionSet, as_position_set
 
 T = TypeVar("T", bound=Hashable)
 Place = tuple[str, int]  # (queue name, position)
@@ -156,15 +156,32 @@ class GuardBook(Generic[T]):
         return True
 
     def acked(self, backup: str, queue: str, positions: Iterable[object]) -> AckResult[T]:
-        """``backup`` acknowledged holding ``positions`` of ``queue`` (peer input: junk items are ignored too)."""
-        got, junk = valid_positions(positions)
+        """``backup`` acknowledged holding ``positions`` of ``queue``.
+
+        ``positions`` is peer input: a PositionSet (cheapest for ranges) or any iterable; items that are not
+        guarded for this backup, repeated, or not positions at all are ignored and counted.
+        """
         book = self._backups.get(backup)
         pending = book.pending.get(queue) if book is not None else None
         if book is None or pending is None:
-            self._ignored_acks += len(got) + junk
-            return AckResult((), (), len(got) + junk)
-        known = got.intersection(pending)
-        pending.difference_update(known)
+            n = len(positions) if isinstance(positions, PositionSet) else sum(1 for _ in positions)
+            self._ignored_acks += n
+            return AckResult((), (), n)
+        if isinstance(positions, PositionSet):
+            known_set = positions.intersection(pending)
+            pending.difference_update(known_set)
+            ignored = len(positions) - len(known_set)
+            known: Iterable[int] = known_set
+        else:
+            found: list[int] = []
+            ignored = 0
+            for p in positions:
+                if isinstance(p, int) and not isinstance(p, bool) and p in pending:
+                    pending.discard(p)
+                    found.append(p)
+                else:
+                    ignored += 1
+            known = found
         if not pending:
             del book.pending[queue]
         released: list[T] = []
@@ -179,7 +196,6 @@ class GuardBook(Generic[T]):
             if not entry.waiting:
                 self._remove_entry(entry, released)
         self._prune(book, backup)
-        ignored = len(got) - len(known) + junk
         self._ignored_acks += ignored
         return AckResult(tuple(released), tuple(acked), ignored)
 

@@ -76,6 +76,11 @@ class PositionSet:
     # -- mutation ---------------------------------------------------------------------------------------------------
 
     def add(self, position: int) -> None:
+        hi = self._hi
+        if hi and type(position) is int and position == hi[-1] + 1:  # fast path: the next position in order
+            hi[-1] = position
+            self._count += 1
+            return
         self.add_range(position, position)
 
     def add_range(self, lo: int, hi: int) -> None:
