@@ -1,0 +1,79 @@
+"""The report job: read, classify, aggregate on the cluster; bring back only the aggregated tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark import failover, metrics, reader
+from spark.model import ReportData, Row, Table
+
+
+class NoInput(Exception):
+    """Nothing to report on: the message says why (exit code 1)."""
+
+
+def run(spark: SparkSession, uris: list[str], dates: reader.DateRange,
+        pattern: str = reader.DEFAULT_PATTERN) -> tuple[ReportData, dict[str, DataFrame]]:
+    """Compute the report. Returns the collected report data and the (cached, small) result DataFrames."""
+    events = reader.classify(reader.read_lines(spark, uris, dates, pattern), dates)
+    events = events.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        quality = _cached(metrics.input_quality(events))
+        quality_table = collect_table("input_quality", quality)
+        data_rows = sum(r["lines"] for r in quality_table.rows)
+        if data_rows == 0:
+            raise NoInput(f"no input: no event-log lines in {', '.join(uris)} (files matching {pattern})")
+        ok = sum(r["lines"] for r in quality_table.rows if r["quality"] == "ok")
+        if ok == 0:
+            raise NoInput(f"no input: none of the {data_rows} lines read is a valid event dated {dates}")
+        failovers, ready = failover.failovers(events)
+        frames = {
+            "lag_hourly": _cached(metrics.lag_hourly(events)),
+            "catchup_episodes": _cached(metrics.catchup_episodes(events)),
+            "failovers": _cached(failovers),
+            "backups_ready": _cached(ready),
+            "state_timeline": _cached(metrics.state_timeline(events)),
+            "input_quality": quality,
+            "bad_files": _cached(metrics.bad_files(events)),
+        }
+        data = ReportData(
+            dates=str(dates),
+            inputs=tuple(uris),
+            percentile_method=metrics.PERCENTILE_METHOD,
+            lag=collect_table("lag_hourly", frames["lag_hourly"]),
+            catchups=collect_table("catchup_episodes", frames["catchup_episodes"]),
+            failovers=collect_table("failovers", frames["failovers"]),
+            backups_ready=collect_table("backups_ready", frames["backups_ready"]),
+            states=collect_table("state_timeline", frames["state_timeline"]),
+            quality=quality_table,
+            bad_files=collect_table("bad_files", frames["bad_files"]),
+            generated_at=dt.datetime.now(dt.UTC),
+        )
+    finally:
+        events.unpersist()
+    return data, frames
+
+
+def _cached(frame: DataFrame) -> DataFrame:
+    return frame.cache()
+
+
+def collect_table(name: str, frame: DataFrame) -> Table:
+    """Collect an *aggregated* frame; timestamps come back as aware UTC datetimes whatever the local zone."""
+    timestamps = [f.name for f in frame.schema.fields if isinstance(f.dataType, T.TimestampType)]
+    selected = frame.select(
+        *[F.unix_micros(c).alias(c) if c in timestamps else F.col(c) for c in frame.columns]
+    )
+    rows: list[Row] = []
+    for row in selected.collect():
+        values = row.asDict()
+        for c in timestamps:
+            if values[c] is not None:
+                values[c] = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=values[c])
+        rows.append(values)
+    return Table(name, tuple(frame.columns), tuple(rows))
