@@ -169,3 +169,54 @@ class QueueCatchup:
             return 0
         lo = self.plan.snapshot_max + 1
         return len(positions.intersection(PositionSet.from_ranges([(lo, positions.max())])))
+
+
+class BackupCatchup:
+    """Every queue's catch-up for one backup; ``ready`` decides the ``catchup`` -> ``ready`` transition.
+
+    Order that makes "ready" safe: make the backup a guard (``GuardBook.add_backup``) *before* taking any queue's
+    snapshot. Then every message settled to a client is either guarded by this backup or was on its queue at the
+    snapshot (so in the plan), and "every expected queue's catch-up is done" means the backup holds all of them.
+    """
+
+    def __init__(self, queues: Iterable[str] = ()) -> None:
+        self._expected: set[str] = set(queues)
+        self._queues: dict[str, QueueCatchup] = {}
+
+    def expect(self, queue: str) -> None:
+        """``queue`` must catch up before the backup is ready (its browser is being opened)."""
+        self._expected.add(queue)
+
+    def start(self, queue: str, plan: CatchupPlan) -> QueueCatchup:
+        """The primary answered the browser of ``queue`` with ``plan`` (restarts the queue's catch-up)."""
+        self._expected.add(queue)
+        tracker = QueueCatchup(plan)
+        self._queues[queue] = tracker
+        return tracker
+
+    def get(self, queue: str) -> QueueCatchup | None:
+        return self._queues.get(queue)
+
+    def forget(self, queue: str) -> None:
+        """The queue was deleted or stopped replicating: no longer needed for ready."""
+        self._expected.discard(queue)
+        self._queues.pop(queue, None)
+
+    def waiting_for(self) -> list[str]:
+        """Queues not caught up yet (not started or not done), sorted."""
+        return sorted(q for q in self._expected if q not in self._queues or not self._queues[q].done)
+
+    @property
+    def ready(self) -> bool:
+        return not self.waiting_for()
+
+    def progress(self) -> Progress:
+        """Summed over queues, for one progress bar per backup."""
+        ps = [t.progress() for t in self._queues.values()]
+        return Progress(
+            total=sum(p.total for p in ps),
+            sent=sum(p.sent for p in ps),
+            acked=sum(p.acked for p in ps),
+            dropped=sum(p.dropped for p in ps),
+            dequeued_in_flight=sum(p.dequeued_in_flight for p in ps),
+        )

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ha.core.catchup import CatchupPlan, QueueCatchup, plan_catchup
+from ha.core.catchup import BackupCatchup, CatchupPlan, QueueCatchup, plan_catchup
 from ha.core.idset import PositionSet
 
 pos_sets = st.sets(st.integers(min_value=1, max_value=60)).map(PositionSet)
@@ -187,3 +187,17 @@ def test_junk_acknowledgements_are_counted() -> None:
     tracker.next_batch(3)
     assert tracker.acked([0, "x", None, 3]) == 1
     assert tracker.ignored_acks == 3
+
+
+def test_backup_is_ready_only_when_every_expected_queue_caught_up() -> None:
+    backup = BackupCatchup(["a", "b"])
+    assert not backup.ready and backup.waiting_for() == ["a", "b"]
+    ta = backup.start("a", plan_of(2))
+    backup.start("b", plan_catchup([], []))  # an empty queue is caught up at once
+    backup.expect("c")
+    assert backup.waiting_for() == ["a", "c"]
+    ta.acked(ta.next_batch(2))
+    assert backup.waiting_for() == ["c"]
+    backup.forget("c")
+    assert backup.ready
+    assert backup.progress().total == 2 and backup.progress().fraction == 1.0
