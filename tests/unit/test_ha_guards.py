@@ -195,7 +195,8 @@ def test_against_a_model_in_any_order(data: st.DataObject) -> None:
             name = data.draw(st.sampled_from(["b1", "b2", "b3"]))
             q = data.draw(st.sampled_from(["q1", "q2"]))
             positions = data.draw(st.sets(st.integers(1, next_pos[q] + 2)))
-            r = g.acked(name, q, positions)
+            as_ranges = data.draw(st.booleans())  # both argument forms: ranges and a plain list
+            r = g.acked(name, q, PositionSet(positions) if as_ranges else sorted(positions))
             released = list(r.released)
             expected_known = {p for p in positions if any((name, q, p) in w for w in waiting.values())}
             assert {p for p, _ in r.acked} == expected_known
@@ -205,7 +206,7 @@ def test_against_a_model_in_any_order(data: st.DataObject) -> None:
         else:
             q = data.draw(st.sampled_from(["q1", "q2"]))
             positions = data.draw(st.sets(st.integers(1, next_pos[q] + 2)))
-            released = g.dequeued(q, positions)
+            released = g.dequeued(q, PositionSet(positions) if data.draw(st.booleans()) else positions)
             for w in waiting.values():
                 w -= {x for x in w if x[1] == q and x[2] in positions}
         # A token is released exactly when its last outstanding guard went, exactly once.
