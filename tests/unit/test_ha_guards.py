@@ -158,7 +158,7 @@ def test_misuse_raises_and_changes_nothing(
         g.add_backup("b1")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_against_a_model_in_any_order(data: st.DataObject) -> None:
     """Random holds, acknowledgements (incl. unknown), dequeues, drops and adds, checked against a plain model."""
@@ -168,7 +168,7 @@ def test_against_a_model_in_any_order(data: st.DataObject) -> None:
     hold_ts: dict[tuple[str, int], float] = {}
     next_pos = {"q1": 1, "q2": 1}
     released_ever: list[int] = []
-    for step in range(data.draw(st.integers(1, 60))):
+    for step in range(data.draw(st.integers(1, 50))):
         kind = data.draw(st.sampled_from(["add", "drop", "hold", "hold", "ack", "ack", "deq"]))
         released: list[int] = []
         if kind == "add":
