@@ -8,7 +8,7 @@ Rules:
 - Only *ready* backups contend.  When the cluster is brand new (no election ever happened at this path, and no
   member - including me - has an epoch or any data) every broker contends, so three fresh brokers form a cluster.
 - Among candidates, the one with the newest data (epoch, position) takes leadership; ties go to the smallest
-  name.  If the last leader published a ready set, only candidates in it may win: a backup the primary dropped
+  name (`ha.core.epoch.best_candidate`, the same rule the Pacemaker agent uses).  If the last leader published a ready set, only candidates in it may win: a backup the primary dropped
   may still say "ready" about itself but holds stale data.
 - A primary demotes at once when its session is lost, when someone else leads, or when the cluster epoch is
   higher than its own; while suspended it pauses (settles nothing).
@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ha.coordination.base import ClusterView, MemberRecord, Session, WaitReason
+from ha.core.epoch import Rank, best_candidate
+from ha.core.states import HaState, Role
 
-CONTENDING_STATES = frozenset({"ready"})
-PRIMARY_ROLE = "primary"
+CONTENDING_STATES = frozenset({HaState.READY.value})
+PRIMARY_ROLE = Role.PRIMARY.value
 
 
 class Action(StrEnum):
@@ -93,10 +95,6 @@ def _in_ready_set(name: str, view: ClusterView) -> bool:
     return view.ready_set is None or name in view.ready_set
 
 
-def _best_first(records: Iterable[MemberRecord]) -> list[MemberRecord]:
-    return sorted(records, key=lambda r: (-r.epoch, -r.position, r.name))
-
-
 def should_attempt(name: str, view: ClusterView, force: bool = False) -> bool:
     """Should candidate ``name`` try to take leadership now?  (Backends call this.)"""
     if view.leader is not None or name not in view.candidates:
@@ -104,10 +102,11 @@ def should_attempt(name: str, view: ClusterView, force: bool = False) -> bool:
     if force:
         return True
     eligible_candidates = [
-        m for m in view.members if m.name in view.candidates and _in_ready_set(m.name, view)
+        (m.name, Rank(m.epoch, m.position))
+        for m in view.members
+        if m.name in view.candidates and _in_ready_set(m.name, view)
     ]
-    ranked = _best_first(eligible_candidates)
-    return bool(ranked) and ranked[0].name == name
+    return best_candidate(eligible_candidates) == name
 
 
 def next_epoch(counter: int, members: Iterable[MemberRecord]) -> int:

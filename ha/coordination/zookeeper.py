@@ -130,6 +130,11 @@ class _Wake(Enum):
     STOP = "stop"
 
 
+@dataclass(frozen=True, slots=True)
+class _StateChange:
+    state: str  # a KazooState constant (kazoo's states are plain strings)
+
+
 @dataclass
 class _Wanted:
     """What the broker asked for (written by any thread, under the lock)."""
@@ -148,7 +153,7 @@ class ZooKeeperCoordinator(Coordinator):
         self.address = address
         self.session_timeout = session_timeout
         self._client = client or new_client(hosts, session_timeout)
-        self._inbox: queue.Queue[_Wake | KazooState] = queue.Queue()
+        self._inbox: queue.Queue[_Wake | _StateChange] = queue.Queue()
         self._lock = threading.Lock()
         self._wanted = _Wanted()
         self._callbacks = Callbacks()
@@ -211,10 +216,10 @@ class ZooKeeperCoordinator(Coordinator):
 
     # -- kazoo's threads: only wake the worker -------------------------------------------------------------
 
-    def _on_state(self, state: KazooState) -> None:
+    def _on_state(self, state: str) -> None:
         if state != KazooState.CONNECTED:
             self._lease_until = 0.0  # fence at once, before the worker even runs
-        self._inbox.put(state)
+        self._inbox.put(_StateChange(state))
 
     def _on_watch(self, event: WatchedEvent) -> None:
         self._wake()
@@ -233,8 +238,8 @@ class ZooKeeperCoordinator(Coordinator):
                 self._shutdown()
                 return
             for item in items:
-                if isinstance(item, KazooState):
-                    self._handle_state(item)
+                if isinstance(item, _StateChange):
+                    self._handle_state(item.state)
             if self._session is not Session.CONNECTED:
                 continue
             try:
@@ -245,7 +250,7 @@ class ZooKeeperCoordinator(Coordinator):
                 delays = delays or backoff_delays(0.05, max(0.1, self.session_timeout * RENEW_FRACTION))
             self._report_view()
 
-    def _drain(self, timeout: float) -> list[_Wake | KazooState]:
+    def _drain(self, timeout: float) -> list[_Wake | _StateChange]:
         try:
             items = [self._inbox.get(timeout=timeout)]
         except queue.Empty:
@@ -256,7 +261,7 @@ class ZooKeeperCoordinator(Coordinator):
             except queue.Empty:
                 return items
 
-    def _handle_state(self, state: KazooState) -> None:
+    def _handle_state(self, state: str) -> None:
         if state == KazooState.SUSPENDED:
             self._session = Session.SUSPENDED
             self._notify(self._callbacks.on_suspended)
@@ -419,6 +424,7 @@ class ZooKeeperCoordinator(Coordinator):
                 log.warning("clean resignation failed: %r", exc)
         self._leading = False
         self._lease_until = 0.0
+        self._view = replace(self._view, i_am_leader=False, session=Session.LOST)
         self._client.remove_listener(self._on_state)
         self._client.stop()
         self._client.close()
