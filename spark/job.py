@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark import failover, metrics, reader
+from spark.events import Quality
 from spark.model import ReportData, Row, Table
 
 
@@ -28,7 +29,7 @@ def run(spark: SparkSession, uris: list[str], dates: reader.DateRange,
         data_rows = sum(r["lines"] for r in quality_table.rows)
         if data_rows == 0:
             raise NoInput(f"no input: no event-log lines in {', '.join(uris)} (files matching {pattern})")
-        ok = sum(r["lines"] for r in quality_table.rows if r["quality"] == "ok")
+        ok = sum(r["lines"] for r in quality_table.rows if r["quality"] == Quality.OK.value)
         if ok == 0:
             raise NoInput(f"no input: none of the {data_rows} lines read is a valid event dated {dates}")
         failovers, ready = failover.failovers(events)

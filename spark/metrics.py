@@ -102,14 +102,21 @@ def catchup_episodes(events: DataFrame) -> DataFrame:
 
 
 def state_timeline(events: DataFrame) -> DataFrame:
-    """Per broker, each ha.state transition and how long the state it entered lasted (until the next one)."""
+    """Per broker, each ha.state transition and how long the state it entered lasted (until the next one, or
+    until the broker's last event in range)."""
     states = ok_events(events, "ha.state").select(
         "broker", F.col("ts").alias("since"), "from_state", "to_state", "role", "epoch", "reason"
     )
     per_broker = Window.partitionBy("broker").orderBy("since")
-    until = F.lead("since").over(per_broker)
+    # The last state lasts until the broker's last log line in range (a crashed broker logs no final transition).
+    last_seen = (
+        events.where(F.col("quality") == Quality.OK.value).groupBy("broker").agg(F.max("ts").alias("last_seen"))
+    )
+    until = F.coalesce(F.lead("since").over(per_broker), F.col("last_seen"))
     return (
-        states.withColumn("until", until)
+        states.join(last_seen, "broker", "left")
+        .withColumn("until", until)
+        .drop("last_seen")
         .withColumn("seconds", _seconds_between(F.col("since"), F.col("until")))
         .orderBy("broker", "since")
     )

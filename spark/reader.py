@@ -63,19 +63,17 @@ def is_local(uri: str) -> bool:
 
 
 def missing_local_input(uris: list[str]) -> str | None:
-    """For local paths, explain (without starting Spark) when nothing matches; None when input may exist.
+    """For local paths, explain (without starting Spark) when no file exists; None when input may exist.
 
     Remote URIs (hdfs://, s3a://, ...) are checked by Spark itself.
     """
     for uri in uris:
         if not is_local(uri):
             return None
-        path = urlparse(uri).path if uri.startswith("file:") else uri
-        if glob.glob(path):
-            matches = glob.glob(path)
-            if any(os.path.isfile(m) or _dir_has_files(m) for m in matches):
-                return None
-    return f"no input: nothing to read at {', '.join(uris)}"
+        matches = glob.glob(urlparse(uri).path)
+        if any(os.path.isfile(m) or _dir_has_files(m) for m in matches):
+            return None
+    return f"no input: no files at {', '.join(uris)}"
 
 
 def _dir_has_files(path: str) -> bool:
