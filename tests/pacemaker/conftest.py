@@ -1,0 +1,83 @@
+"""Fixtures for tests against a real Pacemaker + Corosync cluster in network namespaces (root only)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from tests.pacemaker.netns import Cluster, cleanup_stale
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = REPO / "resource_agents" / "understudy"
+OCF_PROVIDER_DIR = Path("/usr/lib/ocf/resource.d/understudy")
+REQUIRED_TOOLS = ("corosync", "pacemakerd", "pcs", "crm_mon", "iptables", "nsenter", "unshare", "ip")
+
+
+def _missing_prerequisite() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network and mount namespaces)"
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    return f"missing tools: {', '.join(missing)}" if missing else None
+
+
+def install_agent() -> None:
+    """What scripts/setup.sh does: make our OCF agent visible to Pacemaker as ocf:understudy:understudy."""
+    OCF_PROVIDER_DIR.mkdir(parents=True, exist_ok=True)
+    link = OCF_PROVIDER_DIR / AGENT.name
+    if not (link.is_symlink() and link.resolve() == AGENT.resolve()):
+        link.unlink(missing_ok=True)
+        link.symlink_to(AGENT)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # pytest then tears fixtures down, which cleans the namespaces
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A 3-node cluster, built once per test module and always torn down (even on failure or Ctrl-C)."""
+    reason = _missing_prerequisite()
+    if reason:
+        pytest.skip(reason)
+    install_agent()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    atexit.register(cleanup_stale)
+    try:
+        with Cluster(tmp_path_factory.mktemp("pcmk")) as c:
+            yield c
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        atexit.unregister(cleanup_stale)
+
+
+@pytest.fixture(autouse=True)
+def _dump_cluster_logs_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    failed = any(
+        getattr(request.node, f"rep_{when}", None) is not None and getattr(request.node, f"rep_{when}").failed
+        for when in ("setup", "call")
+    )
+    if failed:
+        c: Cluster = request.getfixturevalue("cluster")
+        sys.stdout.write(f"\n######## cluster logs after failure of {request.node.nodeid}\n")
+        c.dump_logs(sys.stdout)
