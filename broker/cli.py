@@ -1,0 +1,154 @@
+"""`ha-broker`: command-line flags (or a TOML config file) -> a running broker.
+
+The command is built by `make_command(plugins)`: a plugin is called with the server before it starts, which is how
+the HA layer attaches itself without broker/ knowing about it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from proton.reactor import Container
+
+from broker import log as blog
+from broker.auth import SaslSetup, UsersFileError, load_users
+from broker.config import BrokerConfig, ConfigError, load_config
+from broker.server import Server
+
+Plugin = Callable[[Server], None]
+
+_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("--host", {"help": "address to listen on [127.0.0.1]"}),
+    ("--port", {"type": int, "help": "port to listen on (0 = any free port) [5672]"}),
+    ("--name", {"help": "broker id (default: generated once and kept in the data dir)"}),
+    ("--data-dir", {"type": click.Path(path_type=Path), "help": "directory for the broker id and state"}),
+    ("--log-file", {"type": click.Path(path_type=Path), "help": "JSON-lines event log (default stderr)"}),
+    ("--log-level", {"help": "debug|info|warning|error|critical [info]"}),
+    ("--pid-file", {"type": click.Path(path_type=Path), "help": "write the process id here"}),
+    ("--auto-create-queues/--no-auto-create-queues", {"default": None, "help": "create queues on attach"}),
+    ("--max-message-size", {"type": int, "help": "largest accepted message in bytes [10 MiB]"}),
+    ("--sasl-mechanisms", {"help": "space or comma separated: ANONYMOUS PLAIN"}),
+    ("--users-file", {"type": click.Path(path_type=Path), "help": "TOML users file for PLAIN (see docs)"}),
+    ("--credit-window", {"type": int, "help": "credit given to each publisher link [500]"}),
+    ("--ha-cluster/--no-ha-cluster", {"default": None, "help": "join an HA cluster (starts as a backup)"}),
+    ("--ha-brokers-url", {"help": "comma list of every broker's own host:port (never the VIP)"}),
+    ("--ha-public-url", {"help": "what clients use (e.g. the VIP host:port)"}),
+    ("--ha-replicate", {"help": "default replication of new objects: all|configuration|none [all]"}),
+    ("--ha-backup-timeout", {"type": float, "help": "seconds a new primary waits for expected backups [10]"}),
+    ("--ha-flow-messages", {"type": int, "help": "replication credit in messages per queue [1000]"}),
+    ("--ha-flow-bytes", {"type": int, "help": "replication credit in bytes [16 MiB]"}),
+    ("--ha-heartbeat", {"type": float, "help": "heartbeat seconds; a peer silent for 2 is dead [2]"}),
+    ("--ha-username", {"help": "user for inter-broker connections"}),
+    ("--ha-password", {"help": "password for inter-broker connections"}),
+    ("--ha-lag-sample-max", {"type": int, "help": "log every ack as ha.lag below this rate per second [1000]"}),
+    ("--ha-coordinator", {"help": "external (Pacemaker/operator) | zookeeper [external]"}),
+    ("--zk-hosts", {"help": "ZooKeeper host:port,..."}),
+    ("--zk-path", {"help": "ZooKeeper path of this cluster [/understudy/default]"}),
+    ("--zk-session-timeout", {"type": float, "help": "ZooKeeper session timeout seconds [6]"}),
+]
+
+
+def _field(flag: str) -> str:
+    return flag.split("/")[0].lstrip("-").replace("-", "_")
+
+
+def broker_id(cfg: BrokerConfig) -> str:
+    """--name, else the id kept in the data dir (created on first start), else a fresh one."""
+    if cfg.name:
+        return cfg.name
+    if cfg.data_dir is not None:
+        f = cfg.data_dir / "broker-id"
+        if f.exists():
+            return f.read_text().strip()
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        new = f"broker-{uuid.uuid4().hex[:8]}"
+        f.write_text(new + "\n")
+        return new
+    return f"broker-{uuid.uuid4().hex[:8]}"
+
+
+def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
+    bid = broker_id(cfg)
+    blog.configure(bid, cfg.log_level, cfg.log_file)
+    users = {}
+    if cfg.users_file is not None:
+        try:
+            users = load_users(cfg.users_file)
+        except UsersFileError as e:
+            click.echo(f"ha-broker: {e}", err=True)
+            return 2
+    server = Server(cfg, bid, users)
+    if users:
+        base = cfg.data_dir if cfg.data_dir is not None else Path(tempfile.mkdtemp(prefix="understudy-sasl-"))
+        setup = SaslSetup(base / "sasl", users, cfg.sasl_mechanisms)
+        try:
+            setup.write()
+        except (UsersFileError, OSError) as e:
+            click.echo(f"ha-broker: {e}", err=True)
+            return 2
+        server.sasl_dir = setup.directory
+    for p in plugins:
+        p(server)
+    if cfg.pid_file is not None:
+        cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        cfg.pid_file.write_text(f"{os.getpid()}\n")
+    signal.signal(signal.SIGTERM, lambda *_: server.shutdown("sigterm"))
+    signal.signal(signal.SIGINT, lambda *_: server.shutdown("sigint"))
+    container = Container(server)
+    container.container_id = bid
+    try:
+        container.run()
+    except OSError as e:
+        click.echo(f"ha-broker: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", err=True)
+        return 1
+    finally:
+        if cfg.pid_file is not None:
+            cfg.pid_file.unlink(missing_ok=True)
+    blog.get_logger("broker").info("broker.stopped")
+    return 0
+
+
+def make_command(plugins: list[Plugin]) -> click.Command:
+    def cmd(config: Path | None, validate_config: bool, plugin: tuple[str, ...], **values: Any) -> None:
+        vals = {_field(k): v for k, v in values.items()}
+        extra: list[Plugin] = []
+        for spec in plugin:
+            mod, _, fn = spec.partition(":")
+            try:
+                extra.append(getattr(importlib.import_module(mod), fn))
+            except (ImportError, AttributeError) as e:
+                click.echo(f"ha-broker: --plugin {spec}: {e}", err=True)
+                sys.exit(2)
+        try:
+            cfg = load_config(vals, config)
+        except ConfigError as e:
+            for line in e.lines:
+                click.echo(f"ha-broker: {line}", err=True)
+            sys.exit(2)
+        if validate_config:
+            click.echo("configuration OK")
+            sys.exit(0)
+        sys.exit(run(cfg, plugins + extra))
+
+    params: list[click.Parameter] = [
+        click.Option(["--config"], type=click.Path(path_type=Path), help="TOML file with the same settings"),
+        click.Option(["--plugin"], multiple=True, hidden=True,
+                     help="MODULE:FUNCTION called with the server before start (extensions, tests)"),
+        click.Option(["--validate-config"], is_flag=True, help="check the configuration and exit (0 ok, 2 bad)"),
+    ]
+    for flag, kw in _FLAGS:
+        params.append(click.Option([flag], **kw))
+    return click.Command("ha-broker", callback=cmd, params=params, help="Understudy AMQP 1.0 broker.")
+
+
+def main() -> None:
+    make_command([])()

@@ -1,0 +1,189 @@
+"""The broker's configuration: one validated model, fed by a TOML file and command-line flags.
+
+Every field maps to a flag (`--max-message-size` <-> `max_message_size`). A bad value is reported with the flag that
+carries it and the reason, so an operator can fix the command line or the file without reading code.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+VALID_MECHS = ("ANONYMOUS", "PLAIN")
+
+
+class ReplicateLevel(StrEnum):
+    """`qpid.replicate` levels: what a backup copies of an object."""
+
+    ALL = "all"
+    CONFIGURATION = "configuration"
+    NONE = "none"
+
+
+class Coordinator(StrEnum):
+    EXTERNAL = "external"
+    ZOOKEEPER = "zookeeper"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`host:port` (or `amqp://host:port`) -> (host, port); raises ValueError with a readable reason."""
+    t = text.strip()
+    if "://" in t:
+        t = t.split("://", 1)[1]
+    t = t.rsplit("@", 1)[-1].split("/", 1)[0]
+    host, sep, port = t.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not host:port")
+    try:
+        p = int(port)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port!r} is not a number") from None
+    if not 0 < p < 65536:
+        raise ValueError(f"{text!r}: port {p} out of range 1-65535")
+    return host.strip("[]"), p
+
+
+class BrokerConfig(BaseModel):
+    """All settings of one `ha-broker` process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(5672, ge=0, le=65535)
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
+    data_dir: Path | None = None
+    log_file: Path | None = None
+    log_level: str = "info"
+    pid_file: Path | None = None
+    auto_create_queues: bool = False
+    max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024)
+    sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN")
+    users_file: Path | None = None
+    credit_window: int = Field(500, ge=1, le=100_000)
+
+    # HA
+    ha_cluster: bool = False
+    ha_brokers_url: str | None = None
+    ha_public_url: str | None = None
+    ha_replicate: ReplicateLevel = ReplicateLevel.ALL
+    ha_backup_timeout: float = Field(10.0, ge=0, le=3600)
+    ha_flow_messages: int = Field(1000, ge=1, le=1_000_000)
+    ha_flow_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    ha_heartbeat: float = Field(2.0, gt=0, le=600)
+    ha_username: str | None = None
+    ha_password: str | None = None
+    ha_lag_sample_max: int = Field(1000, ge=1)
+    ha_coordinator: Coordinator = Coordinator.EXTERNAL
+    zk_hosts: str | None = None
+    zk_path: str = "/understudy/default"
+    zk_session_timeout: float = Field(6.0, gt=0, le=600)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        lv = v.lower()
+        if lv not in ("debug", "info", "warning", "error", "critical"):
+            raise ValueError("must be one of debug, info, warning, error, critical")
+        return lv
+
+    @field_validator("sasl_mechanisms", mode="before")
+    @classmethod
+    def _mechs(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [m for m in v.replace(",", " ").split() if m]
+        if isinstance(v, list | tuple):
+            out = []
+            for m in v:
+                mu = str(m).upper()
+                if mu not in VALID_MECHS:
+                    raise ValueError(f"unsupported mechanism {m!r} (supported: {', '.join(VALID_MECHS)})")
+                out.append(mu)
+            if not out:
+                raise ValueError("at least one mechanism is needed")
+            return tuple(out)
+        return v
+
+    @field_validator("ha_brokers_url")
+    @classmethod
+    def _brokers(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = [p for p in v.split(",") if p.strip()]
+        if not parts:
+            raise ValueError("empty list of brokers")
+        for p in parts:
+            parse_address(p)
+        return ",".join(p.strip() for p in parts)
+
+    @field_validator("ha_public_url")
+    @classmethod
+    def _public(cls, v: str | None) -> str | None:
+        if v is not None:
+            for p in v.split(","):
+                parse_address(p)
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> BrokerConfig:
+        if "PLAIN" in self.sasl_mechanisms and self.users_file is None and self.sasl_mechanisms == ("PLAIN",):
+            raise ValueError("--sasl-mechanisms PLAIN needs --users-file")
+        if self.users_file is not None and not self.users_file.is_file():
+            raise ValueError(f"--users-file {self.users_file}: no such file")
+        if self.ha_cluster and not self.ha_brokers_url:
+            raise ValueError("--ha-cluster needs --ha-brokers-url (the brokers' own addresses)")
+        if self.ha_coordinator == Coordinator.ZOOKEEPER and not self.zk_hosts:
+            raise ValueError("--ha-coordinator zookeeper needs --zk-hosts")
+        if (self.ha_username is None) != (self.ha_password is None):
+            raise ValueError("--ha-username and --ha-password go together")
+        return self
+
+    @property
+    def brokers(self) -> list[tuple[str, int]]:
+        return [parse_address(p) for p in (self.ha_brokers_url or "").split(",") if p.strip()]
+
+
+class ConfigError(Exception):
+    """Invalid configuration; `lines` are ready to print, one per bad value."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def load_config(values: dict[str, Any], config_file: Path | None = None) -> BrokerConfig:
+    """Merge a TOML file (lower priority) with explicit values (flags) and validate."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            with open(config_file, "rb") as f:
+                raw = tomllib.load(f)
+        except OSError as e:
+            raise ConfigError([f"--config {config_file}: {e.strerror}"]) from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError([f"--config {config_file}: not valid TOML: {e}"]) from None
+        for k, v in raw.items():
+            merged[k.replace("-", "_")] = v
+    merged.update({k: v for k, v in values.items() if v is not None})
+    try:
+        return BrokerConfig(**merged)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = [str(x) for x in err["loc"]]
+            msg = err["msg"].removeprefix("Value error, ")
+            if loc:
+                where = flag_name(loc[0])
+                if err["type"] == "extra_forbidden":
+                    msg = "unknown setting"
+                lines.append(f"{where}: {msg} (got {err.get('input')!r})")
+            else:
+                lines.append(msg)
+        raise ConfigError(lines) from None

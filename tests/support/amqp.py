@@ -1,0 +1,78 @@
+"""Blocking proton clients for tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proton import Delivery, Message
+from proton.reactor import Copy, DynamicNodeProperties
+from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
+
+from broker.client import ManagementClient
+
+
+def connect(url: str, timeout: float = 10.0, **kw: Any) -> BlockingConnection:
+    kw.setdefault("reconnect", False)
+    return BlockingConnection(url, timeout=timeout, **kw)
+
+
+def send(url: str, address: str | None, bodies: list[Any], timeout: float = 10.0, **msg_kw: Any) -> None:
+    c = connect(url, timeout)
+    try:
+        s = c.create_sender(address)
+        for b in bodies:
+            s.send(Message(body=b, **msg_kw))
+    finally:
+        c.close()
+
+
+def receive(url: str, address: str, n: int, timeout: float = 10.0, browse: bool = False) -> list[Any]:
+    c = connect(url, timeout)
+    try:
+        r = c.create_receiver(address, options=Copy() if browse else None, credit=max(n, 1))
+        out = []
+        for _ in range(n):
+            m = r.receive(timeout=timeout)
+            out.append(m.body)
+            if not browse:
+                r.accept()
+        return out
+    finally:
+        c.close()
+
+
+def drain(url: str, address: str, timeout: float = 0.5, browse: bool = False) -> list[Any]:
+    """Receive until nothing arrives for `timeout` seconds."""
+    c = connect(url, 10.0)
+    try:
+        r = c.create_receiver(address, options=Copy() if browse else None, credit=1000)
+        out = []
+        while True:
+            try:
+                m = r.receive(timeout=timeout)
+            except Exception:
+                break
+            out.append(m.body)
+            if not browse:
+                r.accept()
+        return out
+    finally:
+        c.close()
+
+
+def settle_last(r: BlockingReceiver, state: int, failed: bool = False, undeliverable: bool = False) -> None:
+    assert r.fetcher is not None
+    d: Delivery = r.fetcher.unsettled.popleft()
+    if state == Delivery.MODIFIED:
+        d.local.failed = failed
+        d.local.undeliverable = undeliverable
+    d.update(state)
+    d.settle()
+
+
+def mgmt(url: str, **kw: Any) -> ManagementClient:
+    return ManagementClient(url, **kw)
+
+
+__all__ = ["BlockingSender", "Copy", "DynamicNodeProperties", "connect", "drain", "mgmt", "receive", "send",
+           "settle_last"]
