@@ -47,6 +47,7 @@ class Reason(StrEnum):
     NEW_CLUSTER = "new_cluster"
     READY = "ready"
     NOT_READY = "not_ready"
+    FORCED = "forced"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +58,11 @@ class Decision:
 
 
 def cluster_is_new(view: ClusterView, me: MemberRecord) -> bool:
-    """No election has happened at this path and no known broker has an epoch or data."""
+    """No known broker has an epoch or data, and no election happened at this path (except the one I just won:
+    with every record at epoch 0, winning epoch 1 proves the counter was 0)."""
     records = (*view.members, me)
-    return view.epoch == 0 and all(r.epoch == 0 and r.position == 0 for r in records)
+    untouched = all(r.epoch == 0 and r.position == 0 for r in records)
+    return untouched and (view.epoch == 0 or (view.i_am_leader and view.epoch == 1))
 
 
 def eligible(me: MemberRecord, view: ClusterView) -> bool:
@@ -67,14 +70,20 @@ def eligible(me: MemberRecord, view: ClusterView) -> bool:
     return me.state in CONTENDING_STATES or cluster_is_new(view, me)
 
 
-def decide(me: MemberRecord, view: ClusterView) -> Decision:
-    """What the broker described by ``me`` should do about ``view``."""
+def decide(me: MemberRecord, view: ClusterView, forced: bool = False) -> Decision:
+    """What the broker described by ``me`` should do about ``view``.
+
+    ``forced``: an operator asked for this broker's promotion (``ha-admin promote --force``): it contends (with
+    ``contend(force=True)``) whatever its state, until it leads or is told otherwise.
+    """
     if me.role == PRIMARY_ROLE:
         return _decide_primary(me, view)
-    if not eligible(me, view):
+    if not (forced or eligible(me, view)):
         return Decision(Action.WITHDRAW, Reason.NOT_READY, view.epoch)
     if view.i_am_leader and view.session is Session.CONNECTED:
         return Decision(Action.PROMOTE, Reason.ELECTED, view.epoch)
+    if forced:
+        return Decision(Action.CONTEND, Reason.FORCED, view.epoch)
     reason = Reason.READY if me.state in CONTENDING_STATES else Reason.NEW_CLUSTER
     return Decision(Action.CONTEND, reason, view.epoch)
 

@@ -15,7 +15,8 @@ everything happens synchronously on the caller's thread.  Tests steer the sessio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from ha.coordination import election
@@ -45,6 +46,16 @@ class MemoryStore:
         return coordinator
 
     # -- test controls -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def simultaneously(self) -> Iterator[None]:
+        """Make several changes before any election or view runs (e.g. brokers starting at the same moment)."""
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+        self.reconcile()
 
     def suspend(self, name: str) -> None:
         """Drop the member's connection; its session (and leadership) stays until `expire`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 
@@ -72,6 +73,14 @@ class Cluster:
             member.coordinator.stop()
 
 
+def _more_elections_than(rec: Recorder, count: int) -> bool:
+    return len(rec.elections()) > count
+
+
+def _was_told_lost(rec: Recorder, member: str) -> bool:
+    return rec.events(member, "lost") != []
+
+
 @pytest.fixture
 def cluster(zk: ZkTest) -> Iterator[Cluster]:
     c = Cluster(zk)
@@ -129,8 +138,8 @@ def test_epochs_strictly_increase_across_elections(cluster: Cluster, zk: ZkTest)
         cluster.wait_leader(leader, epoch)
         before = len(cluster.rec.elections())
         zk.expire_session(cluster.members[leader].client)  # type: ignore[arg-type]
-        wait_until(lambda: len(cluster.rec.elections()) > before, DEADLINE, "the next election")
-        wait_until(lambda: cluster.rec.events(leader, "lost") != [], DEADLINE, f"{leader} to be told it lost")
+        wait_until(partial(_more_elections_than, cluster.rec, before), DEADLINE, "the next election")
+        wait_until(partial(_was_told_lost, cluster.rec, leader), DEADLINE, f"{leader} to be told it lost")
 
     epochs = [epoch for _, epoch in cluster.rec.elections()]
     assert epochs == [1, 2, 3, 4]
@@ -193,8 +202,9 @@ def test_a_candidate_that_withdrew_never_wins(cluster: Cluster, zk: ZkTest) -> N
     zk.expire_session(cluster.members["b2"].client)  # type: ignore[arg-type]
     wait_until(lambda: len(cluster.rec.elections()) == 3, DEADLINE, "a third election")
 
-    assert [m for m, _ in cluster.rec.elections()][0] == "b1"
-    assert "b1" not in [m for m, _ in cluster.rec.elections()[1:]]
+    winners = [m for m, _ in cluster.rec.elections()]
+    assert winners[0] == "b1"
+    assert "b1" not in winners[1:]
     assert "b1" not in b1.view().candidates
 
 

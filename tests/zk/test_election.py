@@ -1,0 +1,237 @@
+"""The election rules (ha.coordination.election), driven through the in-memory coordinator.  No server needed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ha.coordination.base import Callbacks, ClusterView, MemberRecord, Session, WaitReason
+from ha.coordination.election import Action, Reason, decide, next_epoch, should_attempt
+from ha.coordination.memory import MemoryCoordinator, MemoryStore
+
+
+class FakeBroker:
+    """What the broker does with decisions: one view, one `decide`, one action (the lead wires the real one)."""
+
+    def __init__(self, store: MemoryStore, name: str, state: str = "joining", epoch: int = 0,
+                 position: int = 0) -> None:
+        self.record = MemberRecord(name, f"h{name}:5672", "backup", state, epoch, position)
+        self.coordinator: MemoryCoordinator = store.coordinator(name)
+        self.decisions: list[tuple[Action, Reason]] = []
+        self.elected: list[int] = []
+        self.paused = False
+        self.forced = False
+        self.lost = 0
+        self.coordinator.start(Callbacks(on_elected=self.elected.append, on_lost=self._on_lost, on_view=self.on_view))
+        self.coordinator.publish(self.record)
+
+    def _on_lost(self) -> None:
+        self.lost += 1
+
+    def force_promote(self) -> None:
+        self.forced = True
+        self.coordinator.contend(force=True)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    def set(self, **changes: object) -> None:
+        self.record = replace(self.record, **changes)  # type: ignore[arg-type]
+        self.coordinator.publish(self.record)
+
+    def on_view(self, view: ClusterView) -> None:
+        decision = decide(self.record, view, forced=self.forced)
+        self.decisions.append((decision.action, decision.reason))
+        if decision.action is Action.CONTEND:
+            self.coordinator.contend(force=self.forced)
+        elif decision.action is Action.WITHDRAW:
+            self.coordinator.withdraw()
+        elif decision.action is Action.PROMOTE:
+            self.forced = False
+            self.set(role="primary", state="active", epoch=decision.epoch)
+        elif decision.action is Action.DEMOTE:
+            self.coordinator.withdraw()
+            self.set(role="backup", state="joining")
+        self.paused = decision.action is Action.PAUSE
+
+
+def brokers(store: MemoryStore, *specs: tuple[str, str, int]) -> dict[str, FakeBroker]:
+    """Brokers starting at the same moment."""
+    with store.simultaneously():
+        return {name: FakeBroker(store, name, state, epoch=0, position=pos) for name, state, pos in specs}
+
+
+def test_brand_new_cluster_elects_one_primary_without_any_ready_broker() -> None:
+    store = MemoryStore("/understudy/c1")
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0), ("b3", "joining", 0))
+
+    assert store.leader == "b1"  # equal ranks: smallest name
+    assert b["b1"].elected == [1]
+    assert b["b1"].record.role == "primary" and b["b1"].record.epoch == 1
+    assert (Action.CONTEND, Reason.NEW_CLUSTER) in b["b2"].decisions
+    # once an epoch exists the cluster is no longer new: the joining brokers stop contending
+    assert b["b2"].decisions[-1] == (Action.WITHDRAW, Reason.NOT_READY)
+    assert store.snapshot(b["b2"].coordinator).candidates == ("b1",)
+
+
+def test_the_most_current_ready_backup_succeeds_a_dead_primary() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0), ("b3", "joining", 0))
+    b["b2"].set(state="ready", epoch=1, position=40)
+    b["b3"].set(state="ready", epoch=1, position=42)
+
+    store.expire("b1")
+
+    assert (Action.DEMOTE, Reason.SESSION_LOST) in b["b1"].decisions
+    assert store.leader == "b3" and b["b3"].elected == [2]
+    assert b["b2"].elected == []
+
+
+def test_backups_in_catchup_never_win_and_the_view_says_why() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0), ("b3", "joining", 0))
+    b["b2"].set(state="catchup", epoch=1, position=99)
+    b["b3"].set(state="joining", epoch=1)
+
+    store.expire("b1")
+
+    view = b["b2"].coordinator.view()
+    assert (view.leader, view.reason) == (None, WaitReason.NO_READY_MEMBER)
+    assert store.elections == 1
+    b["b3"].set(state="ready")  # the first backup to be ready takes over
+    assert store.leader == "b3" and b["b3"].elected == [2]
+
+
+def test_a_suspended_primary_pauses_and_resumes_with_its_session() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0))
+    primary = b["b1"]
+    assert primary.coordinator.holds_lease()
+
+    store.suspend("b1")
+    assert primary.paused and not primary.coordinator.holds_lease()
+    assert primary.decisions[-1] == (Action.PAUSE, Reason.SESSION_SUSPENDED)
+    assert store.leader == "b1", "a suspended session still holds leadership"
+
+    store.resume("b1")
+    assert not primary.paused and primary.coordinator.holds_lease()
+    assert primary.decisions[-1] == (Action.CARRY_ON, Reason.LEADING)
+
+
+def test_a_primary_that_woke_up_after_its_session_expired_demotes_and_rejoins() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0))
+    b["b2"].set(state="ready", epoch=1, position=5)
+    store.suspend("b1")  # SIGSTOP
+    store.expire("b1")  # ... past its session
+    assert store.leader == "b2"
+
+    store.reconnect("b1")  # SIGCONT
+    assert b["b1"].record.role == "backup"
+    assert not b["b1"].coordinator.holds_lease()
+    assert b["b1"].coordinator.view().leader == "b2"
+    assert b["b1"].elected == [1]
+
+
+def test_a_stale_ready_backup_outside_the_ready_set_does_not_win() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0), ("b3", "joining", 0))
+    b["b2"].set(state="ready", epoch=1, position=50)  # says ready, but the primary dropped it
+    b["b3"].set(state="ready", epoch=1, position=60)
+    published: list[bool] = []
+    b["b1"].coordinator.publish_ready_set({"b2"}, on_published=lambda: published.append(True))
+    assert published == [True]
+    b["b3"].set(position=70)
+
+    store.expire("b1")
+
+    assert store.leader == "b2"
+
+
+def test_no_candidate_in_the_ready_set_means_the_cluster_waits() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0))
+    b["b2"].set(state="ready", epoch=1)
+    b["b1"].coordinator.publish_ready_set(set())
+
+    store.expire("b1")
+
+    assert store.leader is None
+    assert b["b2"].coordinator.view().reason is WaitReason.NO_CANDIDATE_IN_READY_SET
+
+
+def test_forced_contention_ignores_readiness_ranking_and_ready_set() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0))
+    b["b2"].set(state="catchup", epoch=1)
+    b["b1"].coordinator.publish_ready_set(set())
+    store.expire("b1")
+    assert store.leader is None
+
+    b["b2"].force_promote()  # operator: ha-admin promote --force
+
+    assert store.leader == "b2" and b["b2"].elected == [2]
+
+
+def test_withdrawing_leader_is_told_it_lost_and_another_takes_over() -> None:
+    store = MemoryStore()
+    b = brokers(store, ("b1", "joining", 0), ("b2", "joining", 0))
+    b["b2"].set(state="ready", epoch=1)
+
+    b["b1"].coordinator.withdraw()  # e.g. ha-admin demote
+
+    assert b["b1"].lost == 1
+    assert store.leader == "b2" and b["b2"].elected == [2]
+
+
+VIEW = ClusterView(cluster="c1", path="/understudy/c1", leader="b2", epoch=3)
+ME = MemberRecord("b1", "h:1", "backup", "ready", epoch=3, position=10)
+PRIMARY = replace(ME, role="primary", state="active")
+
+
+@pytest.mark.parametrize(
+    ("me", "view", "expected"),
+    [
+        (ME, VIEW, (Action.CONTEND, Reason.READY)),
+        (replace(ME, state="catchup"), VIEW, (Action.WITHDRAW, Reason.NOT_READY)),
+        (replace(ME, state="joining"), VIEW, (Action.WITHDRAW, Reason.NOT_READY)),
+        (ME, replace(VIEW, leader="b1", i_am_leader=True), (Action.PROMOTE, Reason.ELECTED)),
+        (replace(ME, state="catchup"), replace(VIEW, leader="b1", i_am_leader=True),
+         (Action.WITHDRAW, Reason.NOT_READY)),
+        (PRIMARY, replace(VIEW, leader="b1", i_am_leader=True), (Action.CARRY_ON, Reason.LEADING)),
+        (PRIMARY, replace(VIEW, leader="b1", i_am_leader=True, session=Session.SUSPENDED),
+         (Action.PAUSE, Reason.SESSION_SUSPENDED)),
+        (PRIMARY, replace(VIEW, session=Session.LOST), (Action.DEMOTE, Reason.SESSION_LOST)),
+        (PRIMARY, replace(VIEW, leader="b1", i_am_leader=True, epoch=4), (Action.DEMOTE, Reason.HIGHER_EPOCH)),
+        (PRIMARY, VIEW, (Action.DEMOTE, Reason.OTHER_LEADER)),
+    ],
+)
+def test_decide(me: MemberRecord, view: ClusterView, expected: tuple[Action, Reason]) -> None:
+    decision = decide(me, view)
+    assert (decision.action, decision.reason) == expected
+    assert decision.epoch == view.epoch
+
+
+def test_decide_forced_contends_from_catchup_and_promotes_once_elected() -> None:
+    catchup = replace(ME, state="catchup")
+    assert decide(catchup, VIEW, forced=True).action is Action.CONTEND
+    assert decide(catchup, replace(VIEW, leader="b1", i_am_leader=True), forced=True).action is Action.PROMOTE
+
+
+def test_should_attempt_only_when_leaderless_and_best() -> None:
+    members = (replace(ME, name="b1", position=5), replace(ME, name="b2", position=7))
+    view = ClusterView("c1", "/p", leader=None, epoch=3, members=members, candidates=("b1", "b2"))
+    assert should_attempt("b2", view)
+    assert not should_attempt("b1", view)
+    assert should_attempt("b1", view, force=True)
+    assert not should_attempt("b2", replace(view, leader="b3"))
+    assert not should_attempt("b2", replace(view, candidates=("b1",)))
+    assert should_attempt("b1", replace(view, ready_set=frozenset({"b1"})))
+
+
+def test_next_epoch_is_above_counter_and_every_member() -> None:
+    assert next_epoch(0, ()) == 1
+    assert next_epoch(4, (replace(ME, epoch=9),)) == 10
+    assert next_epoch(12, (replace(ME, epoch=9),)) == 13
