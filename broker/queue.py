@@ -125,17 +125,25 @@ class Queue:
         return min(p * n // 10, n - 1)
 
     # ----- enqueue ----------------------------------------------------------------------------------------------
-    def enqueue(self, msg: Payload, position: int | None = None, now: float | None = None) -> Entry:
-        """Add a message at the back (or at an explicit position, for replication). Raises QueueFull."""
+    def enqueue(
+        self, msg: Payload, position: int | None = None, now: float | None = None, replicated: bool = False
+    ) -> Entry:
+        """Add a message at the back, or at an explicit position. Raises QueueFull.
+
+        `replicated` is a backup applying its primary's enqueue: limits and last-value replacement were already
+        applied on the primary (which also sends the resulting dequeues), so they are not applied again here.
+        """
         opts = self.options
         lvq_old: int | None = None
-        if opts.lvq_key is not None and msg.properties is not None:
+        if replicated:
+            pass
+        elif opts.lvq_key is not None and msg.properties is not None:
             key = msg.properties.get(opts.lvq_key)
             if key is not None:
                 old = self._lvq.get(key)
                 if old is not None and old in self.entries and self.entries[old].state == AVAILABLE:
                     lvq_old = old
-        if lvq_old is None and not self._make_room(msg.size):
+        if lvq_old is None and not replicated and not self._make_room(msg.size):
             self.stats.rejected_full += 1
             raise QueueFull(f"queue {self.name} is full")
         if position is None:
@@ -156,7 +164,7 @@ class Queue:
         self.stats.enqueued += 1
         if opts.lvq_key is not None and msg.properties is not None:
             key = msg.properties.get(opts.lvq_key)
-            if key is not None:
+            if key is not None and self._lvq.get(key, 0) < position:
                 self._lvq[key] = position
         for o in self.observers:
             o.enqueued(self, entry)
