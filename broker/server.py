@@ -146,6 +146,7 @@ class Server:
         self.attribute_providers: list[Callable[[], dict[str, Any]]] = []
         self.role_epoch: Callable[[], tuple[str, int]] = lambda: ("standalone", 0)
         self.on_started: list[Callable[[], None]] = []
+        self.on_connection_closed: list[Callable[[ConnectionState], None]] = []
         self.on_quiesced: list[Callable[[], None]] = []
         self.on_quiesced_once: list[Callable[[], None]] = []
         # client.settled window
@@ -303,6 +304,8 @@ class Server:
             return
         for link in [lk for lk, h in self.links.items() if h.conn is st]:
             self._link_gone(link)
+        for fn in self.on_connection_closed:
+            fn(st)
         if not st.refused:
             err = c.remote_condition.name if c.remote_condition else None
             log.info("connection.closed", connection=st.id, error=err, unsettled_returned=st.unsettled_returned)
