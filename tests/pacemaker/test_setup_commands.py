@@ -8,6 +8,8 @@ import pytest
 
 from ha.pacemaker import PacemakerSetup, run_setup, setup_commands
 
+pytestmark = pytest.mark.pacemaker
+
 SETUP = PacemakerSetup(
     vip="192.168.77.100",
     nic="eth1",

@@ -1,0 +1,316 @@
+"""Decisions of the ``understudy`` OCF agent, without I/O (unit-tested in tests/pacemaker/test_agent_core.py).
+
+The agent (``resource_agents/understudy``) gathers facts -- the broker's ``ha-admin query`` answer, whether its
+process is alive, the statuses other instances published as private node attributes -- and asks this module what
+to return to Pacemaker, which promotion score to set, and whether a promote may go ahead.
+
+Standard library only: the agent runs under the system ``python3`` that Pacemaker's executor starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+# OCF exit codes (the values of resource-agents' ocf.py, repeated so this module imports without it).
+OCF_SUCCESS = 0
+OCF_ERR_GENERIC = 1
+OCF_ERR_ARGS = 2
+OCF_ERR_UNIMPLEMENTED = 3
+OCF_ERR_INSTALLED = 5
+OCF_ERR_CONFIGURED = 6
+OCF_NOT_RUNNING = 7
+OCF_RUNNING_PROMOTED = 8
+OCF_FAILED_PROMOTED = 9
+
+# Promotion scores. Only a primary or a ready backup ever gets one (see promotion_score).
+PRIMARY_SCORE = 1001
+BEST_READY_SCORE = 1000
+RANK_STEP = 10
+MIN_READY_SCORE = 10
+BOOTSTRAP_SCORE = 1
+ABORTED_SCORE = 1
+
+BACKUP_STATES = frozenset({"joining", "catchup", "ready"})
+PRIMARY_STATES = frozenset({"recovering", "active"})
+
+
+@dataclass(frozen=True, order=False)
+class BrokerStatus:
+    """What an instance reports about itself: ``ha-admin query`` or a published node attribute."""
+
+    role: str  # primary | backup | standalone
+    state: str  # joining | catchup | ready | recovering | active | standalone
+    epoch: int
+    position: int
+
+    @property
+    def is_primary(self) -> bool:
+        return self.role == "primary" and self.state in PRIMARY_STATES
+
+    @property
+    def is_ready_backup(self) -> bool:
+        return self.role == "backup" and self.state == "ready"
+
+    @property
+    def currency(self) -> tuple[int, int]:
+        """How current the data is: compare epoch first, position only within an epoch."""
+        return (self.epoch, self.position)
+
+    def encode(self) -> str:
+        """Compact form stored in a node attribute: ``role:state:epoch:position``."""
+        return f"{self.role}:{self.state}:{self.epoch}:{self.position}"
+
+    @classmethod
+    def decode(cls, text: str) -> BrokerStatus:
+        parts = text.strip().split(":")
+        if len(parts) != 4:
+            raise ValueError(f"bad published status {text!r}")
+        return cls(role=parts[0], state=parts[1], epoch=int(parts[2]), position=int(parts[3]))
+
+
+def parse_query(text: str) -> BrokerStatus:
+    """Parse ``ha-admin query`` JSON (contract: name, role, state, epoch, position, ...)."""
+    try:
+        data = json.loads(text)
+        status = BrokerStatus(
+            role=str(data["role"]),
+            state=str(data["state"]),
+            epoch=int(data["epoch"]),
+            position=int(data["position"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"unexpected ha-admin query output: {exc}: {text[:200]!r}") from exc
+    return status
+
+
+_ATTRD_LINE = re.compile(r'host="(?P<host>[^"]*)"\s+value="(?P<value>[^"]*)"')
+
+
+def parse_attrd_query(text: str) -> dict[str, str]:
+    """``attrd_updater -Q -A -n NAME`` output -> {node: value} (nodes without a value are left out)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _ATTRD_LINE.search(line)
+        if m and m.group("value"):
+            values[m.group("host")] = m.group("value")
+    return values
+
+
+def decode_published(raw: Mapping[str, str]) -> dict[str, BrokerStatus]:
+    """Decode published statuses, dropping unreadable ones (an old agent version, a torn write)."""
+    out: dict[str, BrokerStatus] = {}
+    for node, text in raw.items():
+        try:
+            out[node] = BrokerStatus.decode(text)
+        except ValueError:
+            continue
+    return out
+
+
+# ---- monitor -------------------------------------------------------------------------------------------------
+
+
+def monitor_code(process_alive: bool, status: BrokerStatus | None, expected_promoted: bool) -> int:
+    """OCF code for monitor: 7 stopped, 8 primary, 0 backup, 9/1 when the process lives but does not answer.
+
+    A hung (SIGSTOPped) broker is alive but cannot answer ``ha-admin query`` within the timeout, so it fails
+    monitor instead of passing it.
+    """
+    if not process_alive:
+        return OCF_NOT_RUNNING
+    if status is None:
+        return OCF_FAILED_PROMOTED if expected_promoted else OCF_ERR_GENERIC
+    if status.is_primary:
+        return OCF_RUNNING_PROMOTED
+    if status.role == "backup" and status.state in BACKUP_STATES:
+        return OCF_SUCCESS
+    return OCF_ERR_GENERIC  # standalone (no --ha-cluster) or a state we do not know
+
+
+def promotion_score(node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus]) -> int | None:
+    """The promotion score this node should carry, or None to delete it.
+
+    - the primary keeps PRIMARY_SCORE (a promoted instance without a score would be demoted);
+    - ready backups are ranked by (epoch, position) among all ready instances: the most current gets
+      BEST_READY_SCORE, each rank below loses RANK_STEP (equal currency, equal score);
+    - joining/catchup backups get none, so Pacemaker never promotes a backup that lacks acknowledged messages;
+    - bootstrap exception: a *joining* backup gets BOOTSTRAP_SCORE while no instance anywhere is primary or
+      ready (a brand-new or fully restarted cluster), so that one can be promoted at all. Which one is then
+      settled at promote time by :func:`decide_promote` (the most current joining instance wins).
+    """
+    if own.is_primary:
+        return PRIMARY_SCORE
+    if own.is_ready_backup:
+        ready = {n: s for n, s in published.items() if s.is_ready_backup and n != node}
+        better = sorted({s.currency for s in ready.values() if s.currency > own.currency}, reverse=True)
+        return max(BEST_READY_SCORE - RANK_STEP * len(better), MIN_READY_SCORE)
+    if own.role == "backup" and own.state == "joining" and not _anyone_serving(node, published):
+        return BOOTSTRAP_SCORE
+    return None
+
+
+def _anyone_serving(node: str, published: Mapping[str, BrokerStatus]) -> bool:
+    return any(s.is_primary or s.is_ready_backup for n, s in published.items() if n != node)
+
+
+# ---- promote -------------------------------------------------------------------------------------------------
+
+
+class PromoteAction(Enum):
+    ALREADY_PRIMARY = "already-primary"
+    PROMOTE = "promote"
+    ABORT_FOR_BETTER = "abort-for-better"
+    REFUSE = "refuse"
+
+
+@dataclass(frozen=True)
+class PromoteDecision:
+    action: PromoteAction
+    reason: str
+    epoch: int = 0  # the epoch to promote with (PROMOTE)
+    force: bool = False  # promote from joining (bootstrap only)
+    better_node: str | None = None  # ABORT_FOR_BETTER: the node that should be promoted instead
+
+
+def decide_promote(node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus]) -> PromoteDecision:
+    """Decide a promote on ``node``, given what every instance published in the pre-promote notification.
+
+    The new epoch is one above the highest epoch any instance reported, so it outranks every older primary.
+    """
+    others = {n: s for n, s in published.items() if n != node}
+    new_epoch = max([own.epoch, *(s.epoch for s in others.values())]) + 1
+    if own.is_primary:
+        return PromoteDecision(PromoteAction.ALREADY_PRIMARY, "already primary", epoch=own.epoch)
+    other_primary = sorted(n for n, s in others.items() if s.is_primary)
+    if other_primary:
+        return PromoteDecision(PromoteAction.REFUSE, f"{other_primary[0]} reports itself primary")
+    if own.is_ready_backup:
+        ahead = _most_current(
+            {n: s for n, s in others.items() if s.is_ready_backup and s.currency > own.currency}
+        )
+        if ahead is not None:
+            return _abort_for(ahead, own, others[ahead])
+        return PromoteDecision(PromoteAction.PROMOTE, "most current ready backup", epoch=new_epoch)
+    if own.role == "backup" and own.state == "joining" and not _anyone_serving(node, published):
+        ahead = _most_current(
+            {
+                n: s
+                for n, s in others.items()
+                if s.role == "backup" and s.state == "joining" and s.currency > own.currency
+            }
+        )
+        if ahead is not None:
+            return _abort_for(ahead, own, others[ahead])
+        return PromoteDecision(
+            PromoteAction.PROMOTE,
+            "bootstrap: no primary or ready backup anywhere",
+            epoch=new_epoch,
+            force=True,
+        )
+    return PromoteDecision(
+        PromoteAction.REFUSE,
+        f"broker is {own.role}/{own.state}, not a ready backup: it may lack acknowledged messages",
+    )
+
+
+def _most_current(candidates: Mapping[str, BrokerStatus]) -> str | None:
+    """The most current node (ties: the lowest node name, so every node picks the same one)."""
+    if not candidates:
+        return None
+    return min(candidates, key=lambda n: (tuple(-c for c in candidates[n].currency), n))
+
+
+def _abort_for(better: str, own: BrokerStatus, theirs: BrokerStatus) -> PromoteDecision:
+    return PromoteDecision(
+        PromoteAction.ABORT_FOR_BETTER,
+        f"{better} is more current (epoch {theirs.epoch}, position {theirs.position}) than this node "
+        f"(epoch {own.epoch}, position {own.position})",
+        better_node=better,
+    )
+
+
+# ---- validate-all --------------------------------------------------------------------------------------------
+
+_HOSTPORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: int  # OCF_ERR_CONFIGURED or OCF_ERR_INSTALLED
+    message: str
+
+
+def check_host_port(value: str) -> bool:
+    m = _HOSTPORT.match(value)
+    return m is not None and 1 <= int(m.group("port")) <= 65535
+
+
+def check_values(params: Mapping[str, str]) -> list[Problem]:
+    """Checks that need no I/O: formats and ranges of the instance parameters."""
+    problems: list[Problem] = []
+
+    def bad(message: str) -> None:
+        problems.append(Problem(OCF_ERR_CONFIGURED, message))
+
+    port = params.get("port", "")
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        bad(f"port: expected 1..65535, got {port!r}")
+    urls = [u.strip() for u in params.get("brokers_url", "").split(",") if u.strip()]
+    if not urls:
+        bad("brokers_url: required, a comma-separated list of host:port (one per broker, not the VIP)")
+    for url in urls:
+        if not check_host_port(url):
+            bad(f"brokers_url: {url!r} is not host:port")
+    public = params.get("public_url", "")
+    if public and not check_host_port(public):
+        bad(f"public_url: {public!r} is not host:port")
+    try:
+        if float(params.get("monitor_timeout", "")) <= 0:
+            bad("monitor_timeout: must be > 0 seconds")
+    except ValueError:
+        bad(f"monitor_timeout: expected seconds, got {params.get('monitor_timeout')!r}")
+    for key in ("data_dir", "config", "bindir", "log_file", "pid_file"):
+        value = params.get(key, "")
+        if value and not value.startswith("/"):
+            bad(f"{key}: must be an absolute path, got {value!r}")
+    if not params.get("data_dir"):
+        bad("data_dir: required")
+    try:
+        shlex.split(params.get("options", ""))
+    except ValueError as exc:
+        bad(f"options: {exc}")
+    return problems
+
+
+def broker_command(params: Mapping[str, str], ha_broker: str, node_name: str) -> list[str]:
+    """The ``ha-broker`` command line that starts this instance as a backup."""
+    data_dir = params["data_dir"]
+    cmd = [
+        ha_broker,
+        "--ha-cluster",
+        "--name", params.get("name") or node_name,
+        "--host", params.get("host") or "0.0.0.0",
+        "--port", params["port"],
+        "--data-dir", data_dir,
+        "--log-file", params.get("log_file") or f"{data_dir}/broker.log",
+        "--pid-file", params.get("pid_file") or f"{data_dir}/broker.pid",
+        "--ha-brokers-url", params["brokers_url"],
+    ]  # fmt: skip
+    if params.get("public_url"):
+        cmd += ["--ha-public-url", params["public_url"]]
+    if params.get("config"):
+        cmd += ["--config", params["config"]]
+    return cmd + shlex.split(params.get("options", ""))
+
+
+def admin_address(params: Mapping[str, str]) -> str:
+    """Where ``ha-admin`` reaches the local broker: loopback when it listens on every address."""
+    host = params.get("host") or "0.0.0.0"
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"{host}:{params['port']}"

@@ -1,0 +1,199 @@
+"""Unit tests of the OCF agent's decisions (resource_agents/agent_core.py): exit codes, scores, promote guard."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
+
+import agent_core as core
+from agent_core import BrokerStatus, PromoteAction
+
+pytestmark = pytest.mark.pacemaker
+
+
+def backup(state: str, epoch: int = 3, position: int = 100) -> BrokerStatus:
+    return BrokerStatus(role="backup", state=state, epoch=epoch, position=position)
+
+
+PRIMARY = BrokerStatus(role="primary", state="active", epoch=3, position=120)
+
+
+@pytest.mark.parametrize(
+    ("alive", "status", "expected_promoted", "code"),
+    [
+        (False, None, False, core.OCF_NOT_RUNNING),
+        (False, None, True, core.OCF_NOT_RUNNING),
+        (True, PRIMARY, True, core.OCF_RUNNING_PROMOTED),
+        (True, BrokerStatus("primary", "recovering", 4, 0), True, core.OCF_RUNNING_PROMOTED),
+        (True, backup("ready"), False, core.OCF_SUCCESS),
+        (True, backup("catchup"), False, core.OCF_SUCCESS),
+        (True, backup("joining"), False, core.OCF_SUCCESS),
+        # alive but not answering (SIGSTOPped): a failure, never a pass
+        (True, None, False, core.OCF_ERR_GENERIC),
+        (True, None, True, core.OCF_FAILED_PROMOTED),
+        (True, BrokerStatus("standalone", "standalone", 0, 0), False, core.OCF_ERR_GENERIC),
+    ],
+)
+def test_monitor_code(alive: bool, status: BrokerStatus | None, expected_promoted: bool, code: int) -> None:
+    assert core.monitor_code(alive, status, expected_promoted) == code
+
+
+def test_only_ready_backups_and_the_primary_get_a_score() -> None:
+    peers = {"n1": PRIMARY}
+    assert core.promotion_score("n1", PRIMARY, peers) == core.PRIMARY_SCORE
+    assert core.promotion_score("n2", backup("ready"), peers) == core.BEST_READY_SCORE
+    assert core.promotion_score("n2", backup("catchup"), peers) is None
+    assert core.promotion_score("n2", backup("joining"), peers) is None
+
+
+def test_ready_backups_are_ranked_by_epoch_then_position() -> None:
+    peers = {
+        "n1": backup("ready", epoch=3, position=100),
+        "n2": backup("ready", epoch=3, position=90),
+        "n3": backup("ready", epoch=2, position=500),  # bigger position, older epoch: behind
+        "n4": backup("catchup", epoch=9, position=900),  # not ready: does not count
+    }
+    scores = {n: core.promotion_score(n, s, peers) for n, s in peers.items()}
+    assert scores["n1"] is not None and scores["n2"] is not None and scores["n3"] is not None
+    assert scores["n1"] > scores["n2"] > scores["n3"] > 0
+    assert scores["n4"] is None
+
+
+def test_equal_currency_gets_equal_score() -> None:
+    peers = {"n1": backup("ready"), "n2": backup("ready")}
+    assert core.promotion_score("n1", peers["n1"], peers) == core.promotion_score("n2", peers["n2"], peers)
+
+
+def test_bootstrap_score_only_while_nobody_serves() -> None:
+    fresh = {"n1": backup("joining", 0, 0), "n2": backup("joining", 0, 0)}
+    assert core.promotion_score("n1", fresh["n1"], fresh) == core.BOOTSTRAP_SCORE
+    serving = {**fresh, "n3": backup("ready")}
+    assert core.promotion_score("n1", fresh["n1"], serving) is None
+    # a backup in catchup never bootstraps: its primary existed a moment ago
+    assert core.promotion_score("n1", backup("catchup"), {"n1": backup("catchup")}) is None
+
+
+def test_promote_the_most_current_ready_backup() -> None:
+    published = {"n2": backup("ready", position=100), "n3": backup("ready", position=90)}
+    d = core.decide_promote("n2", published["n2"], published)
+    assert d.action is PromoteAction.PROMOTE
+    assert d.epoch == 4 and not d.force
+
+
+def test_promote_behind_another_ready_node_aborts_in_its_favour() -> None:
+    published = {"n2": backup("ready", position=90), "n3": backup("ready", position=100)}
+    d = core.decide_promote("n2", published["n2"], published)
+    assert d.action is PromoteAction.ABORT_FOR_BETTER
+    assert d.better_node == "n3"
+    assert "position 100" in d.reason
+
+
+def test_newer_epoch_beats_larger_position() -> None:
+    published = {"n2": backup("ready", epoch=2, position=900), "n3": backup("ready", epoch=3, position=1)}
+    assert core.decide_promote("n2", published["n2"], published).better_node == "n3"
+
+
+def test_promote_from_catchup_is_refused() -> None:
+    published = {"n2": backup("catchup", epoch=5, position=999), "n3": backup("ready")}
+    d = core.decide_promote("n2", published["n2"], published)
+    assert d.action is PromoteAction.REFUSE
+    assert "catchup" in d.reason
+
+
+def test_promote_refused_while_another_primary_exists() -> None:
+    published = {"n1": PRIMARY, "n2": backup("ready")}
+    assert core.decide_promote("n2", published["n2"], published).action is PromoteAction.REFUSE
+
+
+def test_promote_of_the_primary_is_a_no_op() -> None:
+    assert core.decide_promote("n1", PRIMARY, {"n1": PRIMARY}).action is PromoteAction.ALREADY_PRIMARY
+
+
+def test_bootstrap_promote_is_forced_and_prefers_the_newest_data() -> None:
+    published = {
+        "n1": backup("joining", 3, 50),
+        "n2": backup("joining", 3, 70),
+        "n3": backup("joining", 2, 99),
+    }
+    assert core.decide_promote("n1", published["n1"], published).better_node == "n2"
+    d = core.decide_promote("n2", published["n2"], published)
+    assert d.action is PromoteAction.PROMOTE and d.force and d.epoch == 4
+
+
+def test_ties_pick_the_same_node_everywhere() -> None:
+    published = {
+        "n1": backup("ready", position=10),
+        "n2": backup("ready", position=20),
+        "n3": backup("ready", position=20),
+    }
+    assert core.decide_promote("n1", published["n1"], published).better_node == "n2"
+
+
+def test_status_round_trip_and_bad_input() -> None:
+    s = backup("ready", 7, 42)
+    assert BrokerStatus.decode(s.encode()) == s
+    assert core.decode_published({"n1": s.encode(), "n2": "garbage"}) == {"n1": s}
+    with pytest.raises(ValueError, match="unexpected ha-admin query output"):
+        core.parse_query('{"role": "backup"}')
+    q = core.parse_query(
+        '{"name": "b1", "address": "h:1", "role": "backup", "state": "ready", "epoch": 2, "position": 9,'
+        ' "brokers_url": "h:1", "public_url": null, "members": []}'
+    )
+    assert q == backup("ready", 2, 9)
+
+
+def test_parse_attrd_query() -> None:
+    text = 'name="understudy-status-u" host="node1" value="backup:ready:1:5"\nname="understudy-status-u" host="node2" value=""\n'
+    assert core.parse_attrd_query(text) == {"node1": "backup:ready:1:5"}
+
+
+GOOD = {
+    "brokers_url": "n1:5672,n2:5672",
+    "port": "5672",
+    "monitor_timeout": "5",
+    "data_dir": "/var/lib/understudy",
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "culprit"),
+    [
+        ({"port": "0"}, "port"),
+        ({"port": "http"}, "port"),
+        ({"brokers_url": ""}, "brokers_url"),
+        ({"brokers_url": "n1:5672,n2"}, "brokers_url"),
+        ({"public_url": "vip"}, "public_url"),
+        ({"monitor_timeout": "-1"}, "monitor_timeout"),
+        ({"monitor_timeout": "soon"}, "monitor_timeout"),
+        ({"data_dir": "relative/dir"}, "data_dir"),
+        ({"options": "--unbalanced 'quote"}, "options"),
+    ],
+)
+def test_check_values_names_the_bad_parameter(change: dict[str, str], culprit: str) -> None:
+    assert core.check_values(GOOD) == []
+    problems = core.check_values({**GOOD, **change})
+    assert problems and all(p.code == core.OCF_ERR_CONFIGURED for p in problems)
+    assert problems[0].message.startswith(culprit)
+
+
+def test_broker_command_starts_a_backup_with_the_contract_flags() -> None:
+    cmd = core.broker_command(
+        {**GOOD, "public_url": "10.0.0.100:5672", "options": "--ha-heartbeat 1"}, "ha-broker", "node1"
+    )
+    assert cmd[:2] == ["ha-broker", "--ha-cluster"]
+    joined = " ".join(cmd)
+    for part in (
+        "--name node1",
+        "--port 5672",
+        "--pid-file /var/lib/understudy/broker.pid",
+        "--ha-brokers-url n1:5672,n2:5672",
+        "--ha-public-url 10.0.0.100:5672",
+    ):
+        assert part in joined
+    assert cmd[-2:] == ["--ha-heartbeat", "1"]
+    assert core.admin_address(GOOD) == "127.0.0.1:5672"
+    assert core.admin_address({**GOOD, "host": "10.0.0.1"}) == "10.0.0.1:5672"
