@@ -36,8 +36,89 @@ class Payload:
         return len(self.data)
 
 
+# Width of the size/count field after a constructor, by the constructor's high nibble (AMQP 1.0 part 1, 1.6).
+_FIXED_WIDTH = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
+_SIZED_ONE = frozenset({0xA, 0xC, 0xE})  # variable width / compound / array with a 1-byte size
+_SIZED_FOUR = frozenset({0xB, 0xD, 0xF})  # ... with a 4-byte size
+_HEADER, _FOOTER = 0x70, 0x78
+_BODY_SECTIONS = frozenset({0x75, 0x76})  # data and amqp-sequence sections may repeat
+_SECTION_NAMES = {
+    b"amqp:header:list": 0x70,
+    b"amqp:delivery-annotations:map": 0x71,
+    b"amqp:message-annotations:map": 0x72,
+    b"amqp:properties:list": 0x73,
+    b"amqp:application-properties:map": 0x74,
+    b"amqp:data:binary": 0x75,
+    b"amqp:amqp-sequence:list": 0x76,
+    b"amqp:amqp-value:*": 0x77,
+    b"amqp:footer:map": 0x78,
+}
+
+
+def _value_end(data: bytes, off: int) -> int:
+    """Offset just past the encoded AMQP value starting at `off` (sizes only; the content is not decoded)."""
+    code = data[off]
+    off += 1
+    if code == 0x00:  # described: a descriptor, then the value
+        return _value_end(data, _value_end(data, off))
+    hi = code >> 4
+    width = _FIXED_WIDTH.get(hi)
+    if width is not None:
+        return off + width
+    if hi in _SIZED_ONE:
+        return off + 1 + data[off]
+    if hi in _SIZED_FOUR:
+        return off + 4 + int.from_bytes(data[off : off + 4], "big")
+    raise MalformedMessage(f"unknown AMQP type code 0x{code:02x} at byte {off - 1}")
+
+
+def _section_code(data: bytes, off: int) -> int:
+    """The section descriptor (0x70 header .. 0x78 footer) of the section at `off`, or -1."""
+    if data[off] != 0x00:
+        return -1
+    kind = data[off + 1]
+    if kind == 0x53:  # smallulong
+        return data[off + 2]
+    if kind == 0x80:  # ulong
+        return int.from_bytes(data[off + 2 : off + 10], "big")
+    if kind in (0xA3, 0xB3):  # symbol
+        size = data[off + 2] if kind == 0xA3 else int.from_bytes(data[off + 2 : off + 6], "big")
+        start = off + (3 if kind == 0xA3 else 6)
+        return _SECTION_NAMES.get(bytes(data[start : start + size]), -1)
+    return -1
+
+
+def check_framing(data: bytes) -> None:
+    """Raise MalformedMessage unless `data` is a sequence of AMQP 1.0 message sections, in order, that fills it
+    exactly. proton's `Message.decode` accepts any bytes (garbage decodes to an empty message), so this is what
+    tells a client it sent something that is not a message. Sizes are checked, contents are not decoded (cheap)."""
+    n = len(data)
+    if n == 0:
+        raise MalformedMessage("empty transfer: a message needs at least a body section")
+    off, last = 0, -1
+    try:
+        while off < n:
+            if data[off] == 0x00 and data[off + 1] == 0x53:  # the usual smallulong descriptor: inline
+                code = data[off + 2]
+                start = off + 3
+            else:
+                code = _section_code(data, off)
+                start = _value_end(data, off + 1)
+            if not _HEADER <= code <= _FOOTER:
+                raise MalformedMessage(f"byte {off}: not an AMQP message section")
+            if code < last or (code == last and code not in _BODY_SECTIONS):
+                raise MalformedMessage(f"byte {off}: message section 0x{code:02x} out of order")
+            last = code
+            off = _value_end(data, start)
+    except IndexError:
+        raise MalformedMessage("message truncated") from None
+    if off != n:
+        raise MalformedMessage(f"message truncated: section ends at byte {off} of {n}")
+
+
 def decode_payload(data: bytes, now: float | None = None) -> Payload:
     """Decode just enough to route; raise MalformedMessage on bad input."""
+    check_framing(data)
     m = Message()
     try:
         m.decode(data)
