@@ -1,0 +1,282 @@
+"""Issue 4 end to end: three real Understudy brokers under real Pacemaker + Corosync (one per namespace), the
+``ocf:understudy:understudy`` promotable clone and an IPaddr2 VIP set up by ``ha.pacemaker.setup_commands``, and
+a client in a fourth namespace that only knows the VIP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+from ha.pacemaker import PacemakerSetup, setup_commands
+from tests.pacemaker.agent import VENV_BIN, ha_admin_supports
+from tests.pacemaker.crm_status import ClusterStatus
+from tests.pacemaker.netns import Cluster, Node, wait_for
+
+pytestmark = [
+    pytest.mark.pacemaker,
+    pytest.mark.skipif(
+        not ha_admin_supports("promote", "query", "demote", "ping"),
+        reason="needs HA broker: ha-admin ping/query/promote/demote not available yet",
+    ),
+]
+
+PORT = 5672
+VIP = "10.77.0.100"
+RSC = "understudy"
+PYTHON = str(VENV_BIN / "python")
+CLIENT = str(Path(__file__).with_name("vip_client.py"))
+
+
+def setup_for(cluster: Cluster) -> PacemakerSetup:
+    return PacemakerSetup(
+        vip=VIP,
+        nic="eth0",
+        agent_params={
+            "bindir": str(VENV_BIN),
+            "brokers_url": ",".join(f"{n.address}:{PORT}" for n in cluster.nodes),
+            "public_url": f"{VIP}:{PORT}",
+            "data_dir": "/var/lib/understudy",
+            "port": str(PORT),
+            "monitor_timeout": "3",
+        },
+    )
+
+
+def primary_with_vip(s: ClusterStatus) -> bool:
+    return len(s.promoted(RSC)) == 1 and s.started("understudy-vip") == s.promoted(RSC)
+
+
+def query(cluster: Cluster, node: Node) -> dict[str, object]:
+    proc = cluster.run(
+        node, [str(VENV_BIN / "ha-admin"), "--broker", f"127.0.0.1:{PORT}", "--timeout", "3", "query"]
+    )
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+def query_vip(cluster: Cluster) -> dict[str, object] | None:
+    proc = cluster.client(
+        [str(VENV_BIN / "ha-admin"), "--broker", f"{VIP}:{PORT}", "--timeout", "2", "query"], check=False
+    )
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def broker_pid(node: Node) -> int:
+    return int((node.path("/var/lib/understudy") / "broker.pid").read_text())
+
+
+def settled_windows(cluster: Cluster) -> list[tuple[str, float, float]]:
+    """(broker, first_ts, last_ts) of every ``client.settled`` event in every broker's event log."""
+    windows = []
+    for node in cluster.nodes:
+        log = node.path("/var/lib/understudy") / "broker.log"
+        if not log.exists():
+            continue
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "client.settled":
+                windows.append((str(event["broker"]), float(event["first_ts"]), float(event["last_ts"])))
+    return windows
+
+
+def overlapping_settlers(windows: list[tuple[str, float, float]]) -> list[tuple[str, str]]:
+    return [
+        (a[0], b[0]) for a, b in combinations(windows, 2) if a[0] != b[0] and a[1] <= b[2] and b[1] <= a[2]
+    ]
+
+
+class Sender:
+    """The VIP client, sending numbered messages in the client namespace."""
+
+    def __init__(self, cluster: Cluster, workdir: Path, queue: str, interval: float = 0.005) -> None:
+        self.queue = queue
+        self.log = workdir / f"{queue}-sent.log"
+        self.proc = cluster.client_popen(
+            [
+                PYTHON,
+                CLIENT,
+                "send",
+                "--url",
+                f"{VIP}:{PORT}",
+                "--queue",
+                queue,
+                "--log",
+                str(self.log),
+                "--interval",
+                str(interval),
+            ],
+            workdir / f"{queue}-client.out",
+        )
+
+    def acked(self) -> list[tuple[float, int]]:
+        if not self.log.exists():
+            return []
+        return [
+            (float(ts), int(n))
+            for ts, n in (line.split() for line in self.log.read_text().splitlines() if line)
+        ]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def brokers(cluster: Cluster) -> Cluster:
+    cluster.pcs_apply(setup_commands(setup_for(cluster)))
+    cluster.wait_status("one primary broker with the VIP", primary_with_vip, timeout=120)
+    wait_for(
+        "a primary answering on the VIP", lambda: (q := query_vip(cluster)) and q["role"] == "primary", 60
+    )
+    return cluster
+
+
+@pytest.fixture
+def sender(brokers: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sender]:
+    s = Sender(brokers, tmp_path, queue=request.node.name[:40].replace("[", "-").rstrip("]"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_clone_starts_one_primary_and_the_vip_follows_it(brokers: Cluster) -> None:
+    status = brokers.status()
+    primary = status.promoted(RSC)[0]
+    assert sorted(status.unpromoted(RSC)) == sorted(n.name for n in brokers.nodes if n.name != primary)
+    vip_view = query_vip(brokers)
+    assert vip_view is not None and vip_view["role"] == "primary" and vip_view["name"] == primary
+    for node in brokers.nodes:
+        if node.name != primary:
+            assert query(brokers, node)["role"] == "backup"
+
+
+def test_crash_of_the_primary_node_fails_over_without_losing_acknowledged_messages(
+    brokers: Cluster, sender: Sender
+) -> None:
+    wait_for("100 messages acknowledged before the crash", lambda: len(sender.acked()) >= 100, 60)
+    old = brokers.node(brokers.status().promoted(RSC)[0])
+    survivor = next(n for n in brokers.nodes if n is not old)
+    crashed_at = time.time()
+    brokers.kill_node(old)
+    wait_for(
+        "a message acknowledged after the crash", lambda: [a for a in sender.acked() if a[0] > crashed_at], 90
+    )
+    first_after = min(ts for ts, _ in sender.acked() if ts > crashed_at)
+    print(
+        f"\nunderstudy failover: first message settled by the new primary {first_after - crashed_at:.2f}s "
+        f"after SIGKILL of {old.name} (goal <= 5 s)"
+    )
+    status = brokers.wait_status("new primary with the VIP", primary_with_vip, via=survivor)
+    assert status.promoted(RSC)[0] != old.name
+    wait_for(
+        "100 messages through the new primary",
+        lambda: sum(ts > crashed_at for ts, _ in sender.acked()) >= 100,
+        60,
+    )
+    sender.stop()
+    acked = {n for _, n in sender.acked()}
+    drained = brokers.client([PYTHON, CLIENT, "drain", "--url", f"{VIP}:{PORT}", "--queue", sender.queue])
+    received = {int(x) for x in drained.stdout.split()}
+    assert acked - received == set(), f"acknowledged but lost: {sorted(acked - received)[:20]}"
+
+    # the old primary's node comes back as a backup and catches up
+    brokers.restart_node(old)
+    brokers.wait_online([n.name for n in brokers.nodes])
+    brokers.wait_status(f"{old.name} back as Unpromoted", lambda s: old.name in s.unpromoted(RSC), timeout=90)
+    wait_for(f"{old.name} ready", lambda: query(brokers, old)["state"] == "ready", 90)
+
+
+def test_hung_backup_fails_monitor_and_pacemaker_restarts_it(brokers: Cluster) -> None:
+    status = brokers.wait_status("steady state", primary_with_vip)
+    victim = brokers.node(status.unpromoted(RSC)[0])
+    pid = broker_pid(victim)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # only a failed monitor makes Pacemaker restart a running broker
+        wait_for("broker restarted with a new pid", lambda: broker_pid(victim) != pid, 90)
+    finally:
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGCONT)
+    failures = brokers.run(victim, ["crm_mon", "-1", "--include=failures"]).stdout
+    assert f"{RSC}_monitor" in failures and victim.name in failures
+    brokers.wait_status(
+        f"{victim.name} Unpromoted again", lambda s: victim.name in s.unpromoted(RSC), timeout=90
+    )
+    brokers.run(victim, ["crm_resource", "--cleanup", "-r", RSC])
+
+
+def test_promote_of_a_backup_in_catchup_is_refused(brokers: Cluster, tmp_path: Path) -> None:
+    status = brokers.wait_status("steady state", primary_with_vip)
+    # give catch-up something to chew on, then restart one backup and promote it while it catches up
+    backlog = Sender(brokers, tmp_path, queue="backlog", interval=0.0)
+    wait_for("5000 messages on the backlog queue", lambda: len(backlog.acked()) >= 5000, 180)
+    backlog.stop()
+    victim = brokers.node(status.unpromoted(RSC)[0])
+    os.kill(broker_pid(victim), signal.SIGKILL)  # Pacemaker restarts it; it must catch up again
+
+    def catching_up_or_ready() -> str | None:
+        state = str(query(brokers, victim)["state"])
+        return state if state in ("catchup", "ready") else None
+
+    if wait_for("victim restarted and catching up", catching_up_or_ready, 90) == "ready":
+        pytest.skip("catch-up finished before promote could be tried (machine too fast for this backlog)")
+    proc = brokers.run(
+        victim, [str(VENV_BIN / "ha-admin"), "--broker", f"127.0.0.1:{PORT}", "promote"], check=False
+    )
+    assert proc.returncode == 1
+    assert brokers.status().promoted(RSC) == status.promoted(RSC)
+    brokers.run(victim, ["crm_resource", "--cleanup", "-r", RSC])
+
+
+def test_partitioned_primary_loses_quorum_and_never_settles_alongside_the_new_one(
+    brokers: Cluster, sender: Sender
+) -> None:
+    wait_for("messages flowing", lambda: len(sender.acked()) >= 50, 60)
+    old = brokers.node(brokers.wait_status("steady state", primary_with_vip).promoted(RSC)[0])
+    majority = next(n for n in brokers.nodes if n is not old)
+    partitioned_at = time.time()
+    brokers.partition(old)
+    try:
+        brokers.wait_status(
+            "minority stops its broker",
+            lambda s: not s.quorum and not s.promoted(RSC) and not s.unpromoted(RSC),
+            timeout=90,
+            via=old,
+        )
+        wait_for(
+            "broker process gone on the minority",
+            lambda: (
+                not (old.path("/var/lib/understudy") / "broker.pid").exists()
+                or not Path(f"/proc/{broker_pid(old)}").exists()
+            ),
+            60,
+        )
+        brokers.wait_status("majority promotes another broker", primary_with_vip, timeout=90, via=majority)
+        wait_for(
+            "messages acknowledged after the partition",
+            lambda: [a for a in sender.acked() if a[0] > partitioned_at],
+            90,
+        )
+    finally:
+        brokers.heal(old)
+    sender.stop()
+    assert overlapping_settlers(settled_windows(brokers)) == []
+    brokers.wait_online([n.name for n in brokers.nodes])
+    brokers.wait_status("old primary back as backup", lambda s: old.name in s.unpromoted(RSC), timeout=120)

@@ -1,0 +1,89 @@
+"""A client that only knows the VIP: sends numbered messages, reconnecting through failovers, and logs each one the
+broker settled as accepted. Run inside the client namespace:
+
+    python -m tests.pacemaker.vip_client send --url 10.77.0.100:5672 --queue q --log sent.log
+    python -m tests.pacemaker.vip_client drain --url 10.77.0.100:5672 --queue q
+
+``send`` writes ``<unix-ts> <n>`` per accepted message (so the failover gap can be measured) until SIGTERM.
+``drain`` prints every message body (the numbers) left on the queue, one per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import time
+from types import FrameType
+
+from proton import ConnectionException, LinkException, Message, Timeout
+from proton.utils import BlockingConnection, SendException
+
+TRANSIENT = (ConnectionException, LinkException, Timeout, SendException, OSError)
+_stop = False
+
+
+def _on_term(signum: int, frame: FrameType | None) -> None:
+    global _stop
+    _stop = True
+
+
+def send(url: str, queue: str, log_path: str, interval: float, timeout: float) -> int:
+    signal.signal(signal.SIGTERM, _on_term)
+    n = 1
+    with open(log_path, "a", buffering=1) as log:
+        while not _stop:
+            try:
+                conn = BlockingConnection(url, timeout=timeout, reconnect=False)
+            except TRANSIENT:
+                time.sleep(0.1)
+                continue
+            try:
+                sender = conn.create_sender(queue)
+                while not _stop:
+                    sender.send(Message(body=n, durable=True))  # blocks until settled; raises unless accepted
+                    log.write(f"{time.time():.6f} {n}\n")
+                    n += 1
+                    if interval:
+                        time.sleep(interval)
+            except TRANSIENT:
+                pass  # resend n on the next connection: at-least-once
+            finally:
+                with contextlib.suppress(Exception):
+                    conn.close()
+    return 0
+
+
+def drain(url: str, queue: str, timeout: float) -> int:
+    conn = BlockingConnection(url, timeout=timeout, reconnect=False)
+    receiver = conn.create_receiver(queue, credit=100)
+    try:
+        while True:
+            try:
+                msg = receiver.receive(timeout=timeout)
+            except Timeout:
+                break
+            print(msg.body)
+            receiver.accept()
+    finally:
+        conn.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["send", "drain"])
+    p.add_argument("--url", required=True)
+    p.add_argument("--queue", default="failover")
+    p.add_argument("--log", default="sent.log")
+    p.add_argument("--interval", type=float, default=0.005)
+    p.add_argument("--timeout", type=float, default=2.0)
+    a = p.parse_args(argv)
+    if a.mode == "send":
+        return send(a.url, a.queue, a.log, a.interval, a.timeout)
+    return drain(a.url, a.queue, a.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
