@@ -79,7 +79,9 @@ QUEUE_ARGUMENTS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 # Arguments that may change after creation (management UPDATE).
-QUEUE_UPDATABLE = frozenset({"max-count", "max-size", "limit-policy", "default-ttl", "alternate-exchange"})
+QUEUE_UPDATABLE = frozenset(
+    {"max-count", "max-size", "limit-policy", "default-ttl", "alternate-exchange", REPLICATE_KEY}
+)
 
 EXCHANGE_ARGUMENTS: dict[str, Callable[[str, Any], Any]] = {
     "alternate-exchange": _str,

@@ -1,0 +1,499 @@
+"""The backup's side of replication: find the primary, mirror its wiring, replicate its queues.
+
+One outgoing AMQP connection to the primary (tried in turn from `--ha-brokers-url`, skipping ourselves; reconnect
+with backoff and jitter). On it: subscribe to `$events` first, then QUERY queues, exchanges and bindings, reconcile,
+replay the events the queries did not cover, then open one replicating browser per replicated queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from proton import Delivery, Handler, Message
+from proton.handlers import MessagingHandler
+from proton.reactor import LinkOption
+
+from broker.log import get_logger
+from broker.message import MalformedMessage, decode_payload
+from broker.queue import DequeueReason, Queue
+from broker.server import Server
+from broker.wiring import WiringError
+from ha import protocol as P
+from ha.core.epoch import Decision, check_peer_epoch
+from ha.core.idset import PositionSet, as_position_set
+from ha.core.membership import Membership
+from ha.core.states import HaState, Role
+
+if TYPE_CHECKING:
+    from ha.node import HaNode
+
+log = get_logger("ha.backup")
+
+_corr = itertools.count(1)
+
+
+class _LinkProperties(LinkOption):
+    def __init__(self, props: dict[str, Any]) -> None:
+        self.props = props
+
+    def apply(self, link: Any) -> None:
+        link.properties = self.props
+
+
+class Backup(MessagingHandler):  # type: ignore[misc]
+    def __init__(self, node: HaNode) -> None:
+        super().__init__(prefetch=0, auto_accept=False, auto_settle=True, peer_close_is_error=True)
+        self.node = node
+        self.server: Server = node.server
+        self.config = node.config
+        self.candidates = list(self.config.brokers)
+        self.index = 0
+        self.failures = 0
+        self.conn: Any = None
+        self.connected = False
+        self.stopped = False
+        self.primary_name: str | None = None
+        self.primary_address: str | None = None
+        self.events_link: Any = None
+        self.status_link: Any = None
+        self.mgmt_sender: Any = None
+        self.reply_link: Any = None
+        self.reply_to: str | None = None
+        self.pending: dict[str, Callable[[Message], None]] = {}
+        self.events_buffer: list[Message] | None = None
+        self.snapshot: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        self.replicators: dict[str, QueueReplicator] = {}
+        self.wiring_ready = False
+        self._reconnect_task: Any = None
+
+    # ----- connection lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._connect()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        self._teardown()
+        if self.conn is not None and self.conn.state & 2:  # LOCAL_ACTIVE
+            self.conn.close()
+        self.conn = None
+
+    def _connect(self) -> None:
+        self._reconnect_task = None
+        if self.stopped:
+            return
+        me = (self.config.host, self.server.port)
+        for _ in range(len(self.candidates)):
+            host, port = self.candidates[self.index % len(self.candidates)]
+            self.index += 1
+            if port == me[1] and host in (me[0], "localhost", "127.0.0.1") and me[0] in ("127.0.0.1", "localhost"):
+                continue  # ourselves (same loopback address); other hosts are recognised by broker id
+            break
+        else:
+            self._schedule_reconnect()
+            return
+        props = {
+            P.PROP_KIND: "ha",
+            P.PROP_BROKER: self.server.id,
+            P.PROP_ADDRESS: self.node.address,
+            P.PROP_EPOCH: self.node.epoch,
+        }
+        kw: dict[str, Any] = {"reconnect": False, "properties": props, "heartbeat": self.config.ha_heartbeat}
+        if self.config.ha_username:
+            kw.update(user=self.config.ha_username, password=self.config.ha_password, allow_insecure_mechs=True,
+                      allowed_mechs="PLAIN")
+        assert self.server.container is not None
+        self.connected = False
+        self.conn = self.server.container.connect(url=f"{host}:{port}", handler=self, **kw)
+
+    def _schedule_reconnect(self) -> None:
+        if self.stopped or self._reconnect_task is not None:
+            return
+        self.failures += 1
+        base = min(0.05 * (2 ** min(self.failures, 6)), 2.0)
+        delay = base * (0.5 + random.random() / 2) if self.failures > len(self.candidates) else 0.05
+        self._reconnect_task = self.server.schedule(delay, self._connect)
+
+    def _lost(self, reason: str) -> None:
+        was = self.connected
+        self.connected = False
+        self._teardown()
+        if self.conn is not None and self.conn.state & 2:
+            self.conn.close()
+        self.conn = None
+        if was:
+            log.warning("ha.primary.lost", primary=self.primary_name, address=self.primary_address, reason=reason)
+            if self.node.state in (HaState.CATCHUP, HaState.READY):
+                self.node.set_state(HaState.JOINING, f"primary lost: {reason}")
+        self._schedule_reconnect()
+
+    def _teardown(self) -> None:
+        for r in self.replicators.values():
+            r.closed = True
+        self.replicators.clear()
+        self.pending.clear()
+        self.events_buffer = None
+        self.snapshot.clear()
+        self.wiring_ready = False
+
+    def on_connection_opened(self, event: Any) -> None:
+        c = event.connection
+        props = c.remote_properties or {}
+        name = props.get(P.PROP_BROKER)
+        if name == self.server.id:
+            self._lost("connected to myself")
+            return
+        theirs = int(props.get(P.PROP_EPOCH, 0) or 0)
+        check = check_peer_epoch(self.node.epoch, theirs, my_role=Role.BACKUP)
+        if check.decision == Decision.REFUSE_STALE:
+            log.error("ha.epoch.refused", peer=name, peer_epoch=theirs, epoch=self.node.epoch)
+            self._lost(f"stale primary: {check.reason}")
+            return
+        if check.decision == Decision.ADOPT_NEWER:
+            self.node.adopt_epoch(theirs)
+        self.connected = True
+        self.failures = 0
+        self.primary_name = str(name)
+        self.primary_address = str(props.get(P.PROP_ADDRESS, ""))
+        self.node.primary_public_url = props.get(P.PROP_PUBLIC_URL) or self.primary_address
+        level = props.get(P.PROP_REPLICATE)
+        if isinstance(level, str):
+            self.node.default_level = level
+        log.info("ha.primary.connected", primary=self.primary_name, address=self.primary_address, epoch=theirs)
+        cont = self.server.container
+        assert cont is not None
+        self.events_buffer = []
+        self.events_link = cont.create_receiver(c, "$events", name="ha-events")
+        self.events_link.flow(10_000)
+        self.status_link = cont.create_receiver(c, P.STATUS_ADDRESS, name="ha-status")
+        self.status_link.flow(100)
+        self.mgmt_sender = cont.create_sender(c, "$management", name="ha-mgmt")
+        self.reply_link = cont.create_receiver(c, None, dynamic=True, name="ha-replies")
+        self.reply_link.flow(100)
+
+    def on_link_opened(self, event: Any) -> None:
+        if event.link == self.reply_link:
+            self.reply_to = event.link.remote_source.address
+            self._query_wiring()
+
+    def on_connection_error(self, event: Any) -> None:
+        cond = event.connection.remote_condition
+        self._lost(f"{cond.name}: {cond.description}" if cond else "closed")
+
+    def on_transport_error(self, event: Any) -> None:
+        cond = event.transport.condition
+        self._lost(f"{cond.name}: {cond.description}" if cond else "transport error")
+
+    def on_disconnected(self, event: Any) -> None:
+        if event.connection is self.conn or self.conn is None:
+            self._lost("disconnected")
+
+    def on_link_error(self, event: Any) -> None:
+        link = event.link
+        cond = link.remote_condition
+        log.warning("ha.link.error", link=link.name, condition=cond.name if cond else None,
+                    description=cond.description if cond else None)
+        if link.state & 2:
+            link.close()
+
+    # ----- messages on the control links ------------------------------------------------------------------------
+    def on_message(self, event: Any) -> None:
+        link = event.link
+        msg = event.message
+        if link == self.events_link:
+            if self.events_buffer is not None:
+                self.events_buffer.append(msg)
+            else:
+                self._apply_event(msg)
+            link.flow(1)
+        elif link == self.status_link:
+            self._membership(msg)
+            link.flow(1)
+        elif link == self.reply_link:
+            cb = self.pending.pop(str(msg.correlation_id), None)
+            if cb is not None:
+                cb(msg)
+            link.flow(1)
+
+    def request(self, operation: str, type_: str, cb: Callable[[Message], None], name: str | None = None,
+                body: Any = None) -> None:
+        corr = str(next(_corr))
+        props: dict[str, Any] = {"operation": operation, "type": type_}
+        if name is not None:
+            props["name"] = name
+        self.pending[corr] = cb
+        self.mgmt_sender.send(Message(properties=props, body=body, reply_to=self.reply_to, correlation_id=corr))
+
+    def _query_wiring(self) -> None:
+        for t in ("queue", "exchange", "binding"):
+            self.request("QUERY", t, lambda m, t=t: self._snapshot(t, m))
+
+    def _snapshot(self, type_: str, msg: Message) -> None:
+        props = msg.properties or {}
+        if props.get("statusCode") != 200:
+            self._lost(f"QUERY {type_} failed: {props.get('statusDescription')}")
+            return
+        body = msg.body or {}
+        names = body.get("attributeNames", [])
+        rows = [dict(zip(names, r, strict=False)) for r in body.get("results", [])]
+        self.snapshot[type_] = (int(props.get("seq", 0)), rows)
+        if len(self.snapshot) == 3:
+            self._reconcile()
+
+    # ----- wiring -----------------------------------------------------------------------------------------------
+    def _reconcile(self) -> None:
+        w = self.server.wiring
+        default = self.node.default_level
+        qseq, queues = self.snapshot["queue"]
+        xseq, exchanges = self.snapshot["exchange"]
+        bseq, bindings = self.snapshot["binding"]
+        buffered = self.events_buffer or []
+        self.events_buffer = None
+        # Exchanges and queues as of the snapshot.
+        want_x = {}
+        for x in exchanges:
+            if P.replicate_level(x.get("arguments") or {}, False, default) != "none":
+                want_x[x["name"]] = x
+        for name, x in want_x.items():
+            self._ensure_exchange(name, x.get("exchange-type", "direct"), x.get("arguments") or {}, x.get("uuid"))
+        want_q = {}
+        for q in queues:
+            if P.replicate_level(q.get("arguments") or {}, bool(q.get("temporary")), default) != "none":
+                want_q[q["name"]] = q
+        for name, q in want_q.items():
+            self._ensure_queue(name, q.get("arguments") or {}, q.get("uuid"), bool(q.get("temporary")))
+        # Replicated objects the primary no longer has.
+        for name, lq in list(w.queues.items()):
+            if name not in want_q and P.queue_level(lq, default) != "none" and not lq.temporary:
+                w.delete_queue(name)
+        for name, lx in list(w.exchanges.items()):
+            if name not in want_x and P.replicate_level(lx.arguments, False, default) != "none":
+                w.delete_exchange(name)
+        # Queue/exchange events after their snapshots.
+        for m in buffered:
+            p = m.properties or {}
+            seq, t = int(p.get("seq", 0)), p.get("type")
+            if (t == "queue" and seq > qseq) or (t == "exchange" and seq > xseq):
+                self._apply_event(m)
+        # Bindings as of their snapshot, then later binding events.
+        want_b = set()
+        for b in bindings:
+            key = (b["source"], b["destination"], b.get("binding-key", ""))
+            if self._binding_replicated(b):
+                want_b.add(key)
+                self._ensure_binding(key, b.get("arguments") or {})
+        for lb in w.bindings():
+            key = (lb.exchange, lb.queue, lb.key)
+            if key not in want_b and self._binding_replicated(
+                {"source": lb.exchange, "destination": lb.queue, "arguments": lb.arguments}
+            ):
+                w.unbind(*key)
+        for m in buffered:
+            p = m.properties or {}
+            if p.get("type") == "binding" and int(p.get("seq", 0)) > bseq:
+                self._apply_event(m)
+        self.wiring_ready = True
+        for q in list(w.queues.values()):
+            self._maybe_replicate(q)
+        if self.node.state == HaState.JOINING:
+            self.node.set_state(HaState.CATCHUP, f"wiring mirrored from {self.primary_name}")
+
+    def _binding_replicated(self, b: dict[str, Any]) -> bool:
+        default = self.node.default_level
+        if P.replicate_level(b.get("arguments") or {}, False, default) == "none":
+            return False
+        w = self.server.wiring
+        x = w.exchanges.get(b["source"])
+        q = w.queues.get(b["destination"])
+        if x is None or q is None:
+            return False
+        return (P.replicate_level(x.arguments, False, default) != "none"
+                and P.queue_level(q, default) != "none")
+
+    def _ensure_exchange(self, name: str, type_: str, args: dict[str, Any], uuid: str | None) -> None:
+        w = self.server.wiring
+        x = w.exchanges.get(name)
+        if x is not None and (x.uuid != uuid or x.type != type_):
+            w.delete_exchange(name)
+            x = None
+        if x is None:
+            try:
+                w.declare_exchange(name, type_, args, uuid=uuid)
+            except WiringError as e:
+                log.error("ha.wiring.error", type="exchange", name=name, description=str(e))
+
+    def _ensure_queue(self, name: str, args: dict[str, Any], uuid: str | None, temporary: bool) -> None:
+        w = self.server.wiring
+        q = w.queues.get(name)
+        if q is not None and q.uuid != uuid:
+            self._stop_replicator(name)
+            w.delete_queue(name)
+            q = None
+        if q is None:
+            try:
+                q, _ = w.declare_queue(name, args, uuid=uuid, temporary=temporary)
+            except WiringError as e:
+                log.error("ha.wiring.error", type="queue", name=name, description=str(e))
+                return
+        elif q.arguments != args:
+            from broker.options import QUEUE_ARGUMENTS, QueueOptions, normalize
+
+            try:
+                a = normalize(args, QUEUE_ARGUMENTS)
+                q.update_options(a, QueueOptions.from_arguments(a))
+            except ValueError as e:
+                log.error("ha.wiring.error", type="queue", name=name, description=str(e))
+        q.locked = True
+
+    def _ensure_binding(self, key: tuple[str, str, str], args: dict[str, Any]) -> None:
+        try:
+            self.server.wiring.bind(key[0], key[1], key[2], args)
+        except WiringError as e:
+            log.error("ha.wiring.error", type="binding", name="|".join(key), description=str(e))
+
+    def _apply_event(self, msg: Message) -> None:
+        p = msg.properties or {}
+        kind, type_, name = p.get("kind"), p.get("type"), p.get("name")
+        a = msg.body or {}
+        w = self.server.wiring
+        default = self.node.default_level
+        if type_ == "queue":
+            if kind == "declared":
+                if P.replicate_level(a.get("arguments") or {}, bool(a.get("temporary")), default) == "none":
+                    return
+                self._ensure_queue(name, a.get("arguments") or {}, a.get("uuid"), bool(a.get("temporary")))
+                q = w.queues.get(name)
+                if q is not None and self.wiring_ready:
+                    self._maybe_replicate(q)
+            elif kind == "deleted" and name in w.queues:
+                lq = w.queues[name]
+                if P.queue_level(lq, default) != "none" and (a.get("uuid") in (None, lq.uuid)):
+                    self._stop_replicator(name)
+                    w.delete_queue(name)
+        elif type_ == "exchange":
+            if kind == "declared":
+                if P.replicate_level(a.get("arguments") or {}, False, default) != "none":
+                    self._ensure_exchange(name, a.get("type", "direct"), a.get("arguments") or {}, a.get("uuid"))
+            elif kind == "deleted" and name in w.exchanges:
+                w.delete_exchange(name)
+        elif type_ == "binding":
+            key = (a.get("source"), a.get("destination"), a.get("binding-key", ""))
+            if kind == "bound" and self._binding_replicated(a):
+                self._ensure_binding(key, a.get("arguments") or {})  # type: ignore[arg-type]
+            elif kind == "unbound":
+                try:
+                    w.unbind(*key)  # type: ignore[arg-type]
+                except WiringError:
+                    pass
+
+    # ----- queues -----------------------------------------------------------------------------------------------
+    def _maybe_replicate(self, q: Queue) -> None:
+        if not self.connected or q.name in self.replicators:
+            return
+        if P.queue_level(q, self.node.default_level) != "all":
+            return
+        self.replicators[q.name] = QueueReplicator(self, q)
+
+    def _stop_replicator(self, name: str) -> None:
+        r = self.replicators.pop(name, None)
+        if r is not None:
+            r.close()
+
+    # ----- membership -------------------------------------------------------------------------------------------
+    def _membership(self, msg: Message) -> None:
+        body = msg.body or {}
+        try:
+            m = Membership.from_wire({"epoch": body.get("epoch"), "members": body.get("members")})
+        except ValueError as e:
+            log.error("ha.membership.invalid", description=str(e))
+            return
+        if body.get("public_url"):
+            self.node.primary_public_url = body["public_url"]
+        self.node.set_membership(m)
+        me = m.get(self.server.id)
+        if me is not None and me.state == HaState.READY and self.node.state == HaState.CATCHUP:
+            self.node.set_state(HaState.READY, f"caught up with {self.primary_name}")
+
+
+class QueueReplicator(Handler):  # type: ignore[misc]
+    """The backup end of a replicating browser for one queue: apply, then settle (= acknowledge)."""
+
+    def __init__(self, backup: Backup, queue: Queue) -> None:
+        super().__init__()
+        self.backup = backup
+        self.queue = queue
+        self.closed = False
+        self.window = backup.config.ha_flow_messages
+        self.unflowed = 0
+        held = as_position_set(queue.positions())
+        props = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid}
+        cont = backup.server.container
+        assert cont is not None
+        self.link = cont.create_receiver(backup.conn, P.QUEUE_PREFIX + queue.name, name=f"ha-q-{queue.name}",
+                                         handler=self, options=_LinkProperties(props))
+        self.link.flow(self.window)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.link.state & 2:
+            self.link.close()
+
+    def on_delivery(self, event: Any) -> None:
+        d = event.delivery
+        if d.partial or self.closed:
+            return
+        link = self.link
+        data = link.recv(d.pending) or b""
+        link.advance()
+        tag = d.tag
+        if isinstance(tag, bytes):
+            tag = tag.decode()
+        kind, rest = tag[:1], tag[1:]
+        q = self.queue
+        if kind in (P.TAG_LIVE, P.TAG_CATCHUP):
+            pos = int(rest)
+            if pos not in q.entries and not q.deleted:
+                try:
+                    q.enqueue(decode_payload(data), position=pos, replicated=True)
+                except MalformedMessage as e:
+                    log.error("ha.replication.error", queue=q.name, position=pos, description=str(e))
+        elif kind == P.TAG_DEQUEUE:
+            m = Message()
+            m.decode(data)
+            try:
+                gone = PositionSet.from_wire(m.body or [])
+            except ValueError as e:
+                log.error("ha.replication.error", queue=q.name, description=f"bad dequeue ranges: {e}")
+                gone = PositionSet()
+            for lo, hi in gone.ranges():
+                q.dequeue_positions(range(lo, hi + 1), DequeueReason.REPLICATED)
+        if not d.settled:
+            d.update(Delivery.ACCEPTED)
+            d.settle()
+        self.unflowed += 1
+        if self.unflowed >= max(1, self.window // 2):
+            link.flow(self.unflowed)
+            self.unflowed = 0
+
+    def on_link_remote_close(self, event: Any) -> None:
+        cond = event.link.remote_condition
+        if not self.closed:
+            log.warning("ha.replication.closed", queue=self.queue.name, condition=cond.name if cond else None,
+                        description=cond.description if cond else None)
+        self.closed = True
+        if event.link.state & 2:
+            event.link.close()
+        if self.backup.replicators.get(self.queue.name) is self:
+            del self.backup.replicators[self.queue.name]
+            # A recreated queue (uuid changed) is picked up again by the wiring events; retry others shortly.
+            if cond is not None and cond.name != "amqp:not-found" and cond.name != "amqp:precondition-failed":
+                self.backup.server.schedule(0.5, lambda: self.backup._maybe_replicate(self.queue))
+
+
+def now() -> float:
+    return time.time()

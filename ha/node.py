@@ -1,0 +1,233 @@
+"""One broker's HA controller: its state, epoch and membership; it switches the broker between backup and primary.
+
+Installed into a `broker.server.Server` as a plugin (`ha-broker --ha-cluster ...`). The broker knows nothing of it:
+everything goes through the server's hooks (holders, connection policy, address handlers, management extensions).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from broker.config import BrokerConfig
+from broker.log import get_logger
+from broker.management import Request, Response
+from broker.options import REPLICATE_KEY, REPLICATE_VALUES
+from broker.server import ConnectionState, Refusal, Server
+from ha import protocol as P
+from ha.backup import Backup
+from ha.coordination.epoch_store import EpochStore
+from ha.core.membership import Membership
+from ha.core.states import HaState, IllegalTransition, transition
+from ha.primary import Primary
+
+log = get_logger("ha")
+
+
+class HaNode:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.config: BrokerConfig = server.config
+        self.state = HaState.JOINING
+        self.store: EpochStore | None = EpochStore(self.config.data_dir) if self.config.data_dir else None
+        self.epoch = self.store.load() if self.store else 0
+        self.membership = Membership(self.epoch, ())
+        self.default_level = self.config.ha_replicate.value
+        self.primary: Primary | None = None
+        self.backup: Backup | None = None
+        self.primary_public_url: str | None = None
+        self.address = ""
+
+    # ----- plugin -----------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        s = self.server
+        s.connection_policy = self.policy
+        s.role_epoch = lambda: (self.state.role.value, self.epoch)
+        s.attribute_providers.append(self.attributes)
+        s.on_started.append(self.start)
+        m = s.management
+        m.register(P.MGMT_TYPE, "STATUS", self.op_status, write=False)
+        m.register(P.MGMT_TYPE, "PROMOTE", self.op_promote, write=True)
+        m.register(P.MGMT_TYPE, "DEMOTE", self.op_demote, write=True)
+        m.register(P.MGMT_TYPE, "REPLICATE", self.op_replicate, write=True)
+
+    def start(self) -> None:
+        self.address = f"{self.config.host}:{self.server.port}"
+        log.info("ha.state", from_state=None, to_state=self.state.value, role=self.state.role.value, epoch=self.epoch,
+                 reason="started with --ha-cluster")
+        self._become_backup()
+
+    # ----- state ------------------------------------------------------------------------------------------------
+    def set_state(self, to: HaState, reason: str, forced: bool = False) -> None:
+        try:
+            new = transition(self.state, to, reason, forced=forced)
+        except IllegalTransition as e:
+            log.error("ha.state.illegal", **e.log_fields())
+            raise
+        old, self.state = self.state, new
+        log.info("ha.state", from_state=old.value, to_state=new.value, role=new.role.value, epoch=self.epoch,
+                 reason=reason)
+        if self.primary is not None:
+            self.primary.update_membership()
+
+    def set_membership(self, m: Membership) -> None:
+        if m != self.membership:
+            self.membership = m
+            log.info("ha.membership", epoch=m.epoch, members=m.event_members())
+
+    def adopt_epoch(self, epoch: int) -> None:
+        if epoch > self.epoch:
+            self.epoch = epoch
+            if self.store is not None:
+                self.store.raise_to(epoch)
+
+    def position(self) -> int:
+        """How current this broker's replicated data is: the sum of the highest positions of replicated queues."""
+        total = 0
+        for q in self.server.wiring.queues.values():
+            if P.queue_level(q, self.default_level) == "all":
+                total += q.next_position - 1
+        return total
+
+    # ----- roles ------------------------------------------------------------------------------------------------
+    def _become_backup(self) -> None:
+        for q in self.server.wiring.queues.values():
+            if P.queue_level(q, self.default_level) == "all":
+                q.locked = True
+        self.backup = Backup(self)
+        self.backup.start()
+
+    def promote(self, forced: bool = False, epoch: int | None = None) -> tuple[bool, str]:
+        if self.state.role.value == "primary":
+            return True, f"already primary ({self.state.value})"
+        if self.state != HaState.READY and not forced and not self._brand_new():
+            return False, (f"refusing to promote a backup in state {self.state.value}: it may lack acknowledged "
+                           "messages (use --force for disaster recovery)")
+        from_state = self.state
+        expected = [m.name for m in self.membership.members
+                    if m.state == HaState.READY and m.name != self.server.id]
+        previous = self.epoch
+        new_epoch = max(self.epoch + 1, epoch or 0)
+        if self.backup is not None:
+            self.backup.stop()
+            self.backup = None
+        self.adopt_epoch(new_epoch)
+        self.set_state(HaState.RECOVERING, "promoted", forced=forced or from_state != HaState.READY)
+        log.warning("ha.promoted", epoch=self.epoch, from_state=from_state.value, forced=forced,
+                    expected_backups=expected)
+        for q in self.server.wiring.queues.values():
+            q.locked = False
+            if q in self.server.consumers:
+                self.server.wake_queue(q)
+        self.primary = Primary(self, expected, previous)
+        self.primary.install()
+        return True, f"promoted to primary, epoch {self.epoch}"
+
+    def _brand_new(self) -> bool:
+        """A broker that never followed a primary (epoch 0) holds nothing a client was promised."""
+        return self.epoch == 0 and self.state == HaState.JOINING
+
+    def recovered(self, waited: float, timed_out: list[str]) -> None:
+        self.set_state(HaState.ACTIVE, "expected backups caught up" if not timed_out else "backup timeout")
+        log.info("ha.active", epoch=self.epoch, waited_seconds=round(waited, 3), timed_out=timed_out)
+
+    def demote(self, reason: str) -> None:
+        if self.state.role.value != "primary":
+            return
+        log.warning("ha.demoted", epoch=self.epoch, reason=reason)
+        assert self.primary is not None
+        self.primary.uninstall()
+        self.primary = None
+        for st in list(self.server.conns.values()):
+            if st.kind == "client" and st.connection.state & 2:
+                st.connection.close()
+        self.set_state(HaState.JOINING, reason)
+        self._become_backup()
+
+    # ----- connection policy ------------------------------------------------------------------------------------
+    def policy(self, st: ConnectionState) -> None:
+        if st.kind == "admin":
+            return
+        if self.primary is not None:
+            if st.kind == "ha":
+                self.primary.backup_connecting(st)
+            return
+        url = self.primary_public_url
+        if st.kind == "ha":
+            raise Refusal(P.NOT_PRIMARY, f"{self.server.id} is a backup, not the primary", P.redirect_info(url))
+        if url:
+            raise Refusal("amqp:connection:redirect", f"{self.server.id} is a backup; the primary is at {url}",
+                          P.redirect_info(url))
+        raise Refusal("amqp:connection:forced", f"{self.server.id} is a backup and does not serve clients")
+
+    # ----- management -------------------------------------------------------------------------------------------
+    def attributes(self) -> dict[str, Any]:
+        return {"ha-state": self.state.value, "ha-role": self.state.role.value}
+
+    def status(self) -> dict[str, Any]:
+        members = []
+        for m in self.membership.members:
+            row: dict[str, Any] = {"name": m.name, "address": m.address, "role": m.role.value,
+                                   "state": m.state.value}
+            if self.primary is not None and m.name in self.primary.backups:
+                row.update(self.primary.backup_status(m.name))
+            members.append(row)
+        return {
+            "name": self.server.id,
+            "address": self.address,
+            "role": self.state.role.value,
+            "state": self.state.value,
+            "epoch": self.epoch,
+            "position": self.position(),
+            "brokers_url": self.config.ha_brokers_url,
+            "public_url": self.config.ha_public_url if self.primary else self.primary_public_url,
+            "primary": self.backup.primary_name if self.backup and self.backup.connected else (
+                self.server.id if self.primary else None),
+            "default_level": self.default_level,
+            "members": members,
+            "queues": sum(1 for q in self.server.wiring.queues.values()
+                          if P.queue_level(q, self.default_level) == "all"),
+            "time": time.time(),
+        }
+
+    def op_status(self, req: Request) -> Response:
+        return Response(200, "OK", self.status())
+
+    def op_promote(self, req: Request) -> Response:
+        body = req.body if isinstance(req.body, dict) else {}
+        forced = bool(body.get("force", False))
+        epoch = body.get("epoch")
+        if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0):
+            return Response(400, "epoch must be a non-negative integer")
+        ok, text = self.promote(forced, epoch)
+        return Response(200 if ok else 409, text, self.status())
+
+    def op_demote(self, req: Request) -> Response:
+        if self.primary is None:
+            return Response(409, f"not a primary (state {self.state.value})")
+        self.server.wake_call(lambda: self.demote("operator request"))
+        return Response(200, "demoting to backup")
+
+    def op_replicate(self, req: Request) -> Response:
+        """Set the replication level of an existing queue (on the primary)."""
+        if self.primary is None:
+            return Response(409, "replication levels are changed on the primary")
+        body = req.body if isinstance(req.body, dict) else {}
+        level = body.get("level", "all")
+        if level not in REPLICATE_VALUES:
+            return Response(400, f"level must be one of {', '.join(REPLICATE_VALUES)}, got {level!r}")
+        if not req.name or req.name not in self.server.wiring.queues:
+            return Response(404, f"queue {req.name!r} not found")
+        q = self.server.wiring.update_queue(req.name, {REPLICATE_KEY: level})
+        return Response(200, f"queue {q.name} now replicates {level}")
+
+
+def install(server: Server) -> None:
+    """The `ha-broker` plugin: HA when --ha-cluster is set, a plain broker otherwise."""
+    if server.config.ha_cluster:
+        HaNode(server).install()
+
+
+def data_dir_of(server: Server) -> Path | None:
+    return server.config.data_dir

@@ -1,0 +1,72 @@
+"""The replication protocol between brokers: addresses, connection properties, delivery tags, levels.
+
+A backup opens one AMQP connection to the primary (connection property `x-understudy-kind: ha`) and on it:
+- a receiver from `$events` (wiring events) and requests to `$management` (QUERY queue/exchange/binding);
+- a receiver from `$ha.status`: the primary's membership list, re-sent whenever it changes;
+- per replicated queue, a receiver from `$ha.queue:<name>`: the replicating browser. Its attach carries link
+  properties `held` (the positions the backup already holds, as [lo, hi] ranges), `epoch` and `uuid`.
+
+On a replicating browser the delivery tag says what a transfer is, so the message bytes travel untouched:
+`e<position>` a live enqueue, `c<position>` a catch-up message (older, sent newest first), `d<n>` a control message
+whose body is a list of [lo, hi] position ranges the primary dequeued. The backup settles each transfer once applied:
+that settlement is the acknowledgement the primary waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from broker.options import REPLICATE_KEY
+from broker.queue import Queue
+from broker.server import KIND_PROPERTY
+
+STATUS_ADDRESS = "$ha.status"
+QUEUE_PREFIX = "$ha.queue:"
+
+PROP_KIND = KIND_PROPERTY
+PROP_BROKER = "x-understudy-broker"
+PROP_ADDRESS = "x-understudy-address"
+PROP_EPOCH = "x-understudy-epoch"
+PROP_ROLE = "x-understudy-role"
+PROP_REPLICATE = "x-understudy-replicate"
+PROP_PUBLIC_URL = "x-understudy-public-url"
+
+TAG_LIVE = "e"
+TAG_CATCHUP = "c"
+TAG_DEQUEUE = "d"
+
+# The HA management type: `ha-broker` with operations STATUS, PROMOTE, DEMOTE, REPLICATE.
+MGMT_TYPE = "ha-broker"
+
+# Condition for "I am not the primary": a backup refusing another backup, with the primary in `info` if known.
+NOT_PRIMARY = "amqp:connection:redirect"
+
+
+def replicate_level(arguments: Mapping[str, Any], temporary: bool, default: str) -> str:
+    """The effective `qpid.replicate` level of an object: explicit, else none for temporary queues, else default."""
+    v = arguments.get(REPLICATE_KEY)
+    if isinstance(v, str) and v:
+        return v
+    if temporary:
+        return "none"
+    return default
+
+
+def queue_level(q: Queue, default: str) -> str:
+    temporary = q.temporary or (q.options.exclusive and q.options.auto_delete)
+    return replicate_level(q.arguments, temporary, default)
+
+
+def redirect_info(url: str | None) -> dict[str, Any] | None:
+    """`amqp:connection:redirect` info for the first host:port of `url`."""
+    if not url:
+        return None
+    first = url.split(",")[0].strip()
+    if "://" in first:
+        first = first.split("://", 1)[1]
+    host, _, port = first.rpartition(":")
+    try:
+        return {"network-host": host, "port": int(port), "address": url}
+    except ValueError:
+        return None
