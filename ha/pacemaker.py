@@ -142,3 +142,62 @@ def run_setup(
             echo(f"failed (exit {rc}): {shlex.join(cmd)}; the live CIB was not changed")
             return rc
     return 0
+
+
+def setup_from_options(
+    vip: str,
+    brokers_url: str,
+    *,
+    public_url: str | None = None,
+    port: int = 5672,
+    data_dir: str = "/var/lib/understudy",
+    bindir: str | None = None,
+    nic: str | None = None,
+    cidr_netmask: int = 24,
+    extra_params: Mapping[str, str] | None = None,
+) -> PacemakerSetup:
+    """The usual deployment: agent parameters from command-line style options (``ha-admin pacemaker-setup``)."""
+    params = {
+        "brokers_url": brokers_url,
+        "public_url": public_url or f"{vip}:{port}",
+        "port": str(port),
+        "data_dir": data_dir,
+    }
+    if bindir:
+        params["bindir"] = bindir
+    params.update(extra_params or {})
+    return PacemakerSetup(vip=vip, agent_params=params, nic=nic, cidr_netmask=cidr_netmask)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python3 -m ha.pacemaker --vip ... --brokers-url ... [--dry-run]`` (the same as ha-admin pacemaker-setup)."""
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python3 -m ha.pacemaker", description="Create the Understudy resources."
+    )
+    p.add_argument("--vip", required=True)
+    p.add_argument("--brokers-url", required=True, help="host:port of every broker, comma separated")
+    p.add_argument("--public-url", help="what clients use (default VIP:PORT)")
+    p.add_argument("--port", type=int, default=5672)
+    p.add_argument("--data-dir", default="/var/lib/understudy")
+    p.add_argument("--bindir", help="directory of ha-broker and ha-admin on every node")
+    p.add_argument("--nic", help="interface for the VIP (default: IPaddr2 picks the one on the VIP's subnet)")
+    p.add_argument("--cidr-netmask", type=int, default=24)
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="extra agent parameter")
+    p.add_argument("--dry-run", action="store_true", help="print the pcs commands only")
+    a = p.parse_args(argv)
+    try:
+        extra = dict(kv.split("=", 1) for kv in a.param)
+        setup = setup_from_options(
+            a.vip, a.brokers_url, public_url=a.public_url, port=a.port, data_dir=a.data_dir, bindir=a.bindir,
+            nic=a.nic, cidr_netmask=a.cidr_netmask, extra_params=extra,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    return run_setup(setup_commands(setup), a.dry_run, print)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
