@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import SparkSession
 
-from spark import reader  # noqa: E402
+from spark import reader
 
 TEST_CONF = {
     "spark.ui.enabled": "false",
