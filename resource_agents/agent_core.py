@@ -47,6 +47,7 @@ class BrokerStatus:
     state: str  # joining | catchup | ready | recovering | active | standalone
     epoch: int
     position: int
+    lost_primary: bool = False  # see effective_status: was ready until its primary vanished
 
     @property
     def is_primary(self) -> bool:
@@ -62,15 +63,22 @@ class BrokerStatus:
         return (self.epoch, self.position)
 
     def encode(self) -> str:
-        """Compact form stored in a node attribute: ``role:state:epoch:position``."""
-        return f"{self.role}:{self.state}:{self.epoch}:{self.position}"
+        """Compact form stored in a node attribute: ``role:state:epoch:position[:lost]``."""
+        text = f"{self.role}:{self.state}:{self.epoch}:{self.position}"
+        return text + ":lost" if self.lost_primary else text
 
     @classmethod
     def decode(cls, text: str) -> BrokerStatus:
         parts = text.strip().split(":")
-        if len(parts) != 4:
+        if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "lost"):
             raise ValueError(f"bad published status {text!r}")
-        return cls(role=parts[0], state=parts[1], epoch=int(parts[2]), position=int(parts[3]))
+        return cls(
+            role=parts[0],
+            state=parts[1],
+            epoch=int(parts[2]),
+            position=int(parts[3]),
+            lost_primary=len(parts) == 5,
+        )
 
 
 def parse_query(text: str) -> BrokerStatus:
@@ -112,6 +120,45 @@ def decode_published(raw: Mapping[str, str]) -> dict[str, BrokerStatus]:
     return out
 
 
+@dataclass(frozen=True)
+class ReadyMark:
+    """Written by monitor whenever the broker reports ``ready``: the epoch and when (monotonic-free wall time)."""
+
+    epoch: int
+    at: float
+
+    def encode(self) -> str:
+        return f"{self.epoch} {self.at:.3f}"
+
+    @classmethod
+    def decode(cls, text: str) -> ReadyMark:
+        epoch, at = text.split()
+        return cls(epoch=int(epoch), at=float(at))
+
+
+READY_MARK_WINDOW = 60.0  # seconds a ready mark vouches for a backup that has just lost its primary
+
+
+def effective_status(status: BrokerStatus, mark: ReadyMark | None, now: float) -> BrokerStatus:
+    """Treat a backup that was *ready* until its primary vanished as still ready.
+
+    The broker drops a ready backup to ``joining`` when it loses its primary (docs/states.md), which is exactly
+    when Pacemaker wants to promote it. A ready backup held every message the primary settled, so if monitor saw
+    it ready in the same epoch moments ago and it has not connected to anything since (still ``joining``, same
+    epoch), it is as good a candidate as before. Such a status is ``ready`` with ``lost_primary`` set, and its
+    promote needs ``--force`` because the broker itself only sees ``joining``.
+    """
+    if (
+        status.role == "backup"
+        and status.state == "joining"
+        and mark is not None
+        and mark.epoch == status.epoch
+        and 0 <= now - mark.at <= READY_MARK_WINDOW
+    ):
+        return BrokerStatus("backup", "ready", status.epoch, status.position, lost_primary=True)
+    return status
+
+
 # ---- monitor -------------------------------------------------------------------------------------------------
 
 
@@ -139,9 +186,10 @@ def promotion_score(node: str, own: BrokerStatus, published: Mapping[str, Broker
     - ready backups are ranked by (epoch, position) among all ready instances: the most current gets
       BEST_READY_SCORE, each rank below loses RANK_STEP (equal currency, equal score);
     - joining/catchup backups get none, so Pacemaker never promotes a backup that lacks acknowledged messages;
-    - bootstrap exception: a *joining* backup gets BOOTSTRAP_SCORE while no instance anywhere is primary or
-      ready (a brand-new or fully restarted cluster), so that one can be promoted at all. Which one is then
-      settled at promote time by :func:`decide_promote` (the most current joining instance wins).
+    - bootstrap exception: a brand-new backup (``joining``, epoch 0) gets BOOTSTRAP_SCORE while no instance
+      anywhere is primary or ready, so that a new cluster gets its first primary at all. A cluster restarted
+      after a total outage (epoch > 0, nobody ready) gets no score: the operator picks the newest data
+      (docs/runbook.md).
     """
     if own.is_primary:
         return PRIMARY_SCORE
@@ -149,9 +197,14 @@ def promotion_score(node: str, own: BrokerStatus, published: Mapping[str, Broker
         ready = {n: s for n, s in published.items() if s.is_ready_backup and n != node}
         better = sorted({s.currency for s in ready.values() if s.currency > own.currency}, reverse=True)
         return max(BEST_READY_SCORE - RANK_STEP * len(better), MIN_READY_SCORE)
-    if own.role == "backup" and own.state == "joining" and not _anyone_serving(node, published):
+    if _brand_new(own) and not _anyone_serving(node, published):
         return BOOTSTRAP_SCORE
     return None
+
+
+def _brand_new(status: BrokerStatus) -> bool:
+    """Never followed a primary (epoch 0): holds nothing a client was promised."""
+    return status.role == "backup" and status.state == "joining" and status.epoch == 0
 
 
 def _anyone_serving(node: str, published: Mapping[str, BrokerStatus]) -> bool:
@@ -195,22 +248,16 @@ def decide_promote(node: str, own: BrokerStatus, published: Mapping[str, BrokerS
         )
         if ahead is not None:
             return _abort_for(ahead, own, others[ahead])
-        return PromoteDecision(PromoteAction.PROMOTE, "most current ready backup", epoch=new_epoch)
-    if own.role == "backup" and own.state == "joining" and not _anyone_serving(node, published):
+        reason = "most current ready backup" + (" (it lost its primary)" if own.lost_primary else "")
+        return PromoteDecision(PromoteAction.PROMOTE, reason, epoch=new_epoch, force=own.lost_primary)
+    if _brand_new(own) and not _anyone_serving(node, published):
         ahead = _most_current(
-            {
-                n: s
-                for n, s in others.items()
-                if s.role == "backup" and s.state == "joining" and s.currency > own.currency
-            }
+            {n: s for n, s in others.items() if _brand_new(s) and s.currency > own.currency}
         )
         if ahead is not None:
             return _abort_for(ahead, own, others[ahead])
         return PromoteDecision(
-            PromoteAction.PROMOTE,
-            "bootstrap: no primary or ready backup anywhere",
-            epoch=new_epoch,
-            force=True,
+            PromoteAction.PROMOTE, "bootstrap: brand-new cluster, nobody serving", epoch=new_epoch
         )
     return PromoteDecision(
         PromoteAction.REFUSE,

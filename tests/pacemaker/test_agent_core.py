@@ -68,13 +68,46 @@ def test_equal_currency_gets_equal_score() -> None:
     assert core.promotion_score("n1", peers["n1"], peers) == core.promotion_score("n2", peers["n2"], peers)
 
 
-def test_bootstrap_score_only_while_nobody_serves() -> None:
+def test_bootstrap_score_only_for_a_brand_new_cluster_while_nobody_serves() -> None:
     fresh = {"n1": backup("joining", 0, 0), "n2": backup("joining", 0, 0)}
     assert core.promotion_score("n1", fresh["n1"], fresh) == core.BOOTSTRAP_SCORE
     serving = {**fresh, "n3": backup("ready")}
     assert core.promotion_score("n1", fresh["n1"], serving) is None
+    # after a total outage (epoch > 0) nobody bootstraps: the operator picks the newest data
+    restarted = {"n1": backup("joining", 4, 10), "n2": backup("joining", 4, 12)}
+    assert core.promotion_score("n1", restarted["n1"], restarted) is None
     # a backup in catchup never bootstraps: its primary existed a moment ago
     assert core.promotion_score("n1", backup("catchup"), {"n1": backup("catchup")}) is None
+
+
+def test_a_ready_backup_that_just_lost_its_primary_stays_a_candidate() -> None:
+    orphan = backup("joining", epoch=3, position=100)
+    mark = core.ReadyMark(epoch=3, at=1000.0)
+    eff = core.effective_status(orphan, mark, now=1005.0)
+    assert eff.is_ready_backup and eff.lost_primary
+    assert BrokerStatus.decode(eff.encode()) == eff
+    assert core.promotion_score("n2", eff, {"n2": eff}) == core.BEST_READY_SCORE
+    d = core.decide_promote("n2", eff, {"n2": eff})
+    assert d.action is PromoteAction.PROMOTE and d.force and d.epoch == 4
+
+
+@pytest.mark.parametrize(
+    ("status", "mark", "now"),
+    [
+        (backup("joining", epoch=3), core.ReadyMark(epoch=3, at=1000.0), 1000.0 + core.READY_MARK_WINDOW + 1),
+        (
+            backup("joining", epoch=4),
+            core.ReadyMark(epoch=3, at=1000.0),
+            1001.0,
+        ),  # a new primary came and went
+        (backup("catchup", epoch=3), core.ReadyMark(epoch=3, at=1000.0), 1001.0),  # reconnected, catching up
+        (backup("joining", epoch=3), None, 1001.0),
+    ],
+)
+def test_no_ready_mark_no_candidate(status: BrokerStatus, mark: core.ReadyMark | None, now: float) -> None:
+    eff = core.effective_status(status, mark, now)
+    assert eff == status
+    assert core.promotion_score("n2", eff, {"n2": eff, "n3": backup("ready")}) is None
 
 
 def test_promote_the_most_current_ready_backup() -> None:
@@ -113,15 +146,16 @@ def test_promote_of_the_primary_is_a_no_op() -> None:
     assert core.decide_promote("n1", PRIMARY, {"n1": PRIMARY}).action is PromoteAction.ALREADY_PRIMARY
 
 
-def test_bootstrap_promote_is_forced_and_prefers_the_newest_data() -> None:
-    published = {
-        "n1": backup("joining", 3, 50),
-        "n2": backup("joining", 3, 70),
-        "n3": backup("joining", 2, 99),
-    }
+def test_bootstrap_promote_prefers_the_newest_data() -> None:
+    published = {"n1": backup("joining", 0, 50), "n2": backup("joining", 0, 70), "n3": backup("joining", 0, 9)}
     assert core.decide_promote("n1", published["n1"], published).better_node == "n2"
     d = core.decide_promote("n2", published["n2"], published)
-    assert d.action is PromoteAction.PROMOTE and d.force and d.epoch == 4
+    assert d.action is PromoteAction.PROMOTE and not d.force and d.epoch == 1
+
+
+def test_promote_after_a_total_outage_is_refused() -> None:
+    published = {"n1": backup("joining", 3, 50), "n2": backup("joining", 3, 70)}
+    assert core.decide_promote("n2", published["n2"], published).action is PromoteAction.REFUSE
 
 
 def test_ties_pick_the_same_node_everywhere() -> None:

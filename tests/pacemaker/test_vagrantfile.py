@@ -17,7 +17,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_vagrant_validate(tmp_path: Path) -> None:
     env = {**os.environ, "VAGRANT_CHECKPOINT_DISABLE": "1", "VAGRANT_HOME": str(tmp_path / "vagrant-home")}
     proc = subprocess.run(
-        ["vagrant", "validate", "--ignore-provider"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+        ["vagrant", "validate", "--ignore-provider"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Vagrantfile validated successfully" in proc.stdout
@@ -30,5 +35,7 @@ def test_vagrant_provisioning_uses_the_shared_deploy_code() -> None:
     assert "python3 -m deploy.clusterconf corosync" in provision
     assert "python3 -m deploy.clusterconf cib" in provision
     assert "-m ha.pacemaker" in provision
-    check = subprocess.run(["bash", "-n", str(REPO / "deploy" / "provision.sh")], capture_output=True, text=True)
+    check = subprocess.run(
+        ["bash", "-n", str(REPO / "deploy" / "provision.sh")], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stderr
