@@ -147,6 +147,7 @@ class Server:
         self.role_epoch: Callable[[], tuple[str, int]] = lambda: ("standalone", 0)
         self.on_started: list[Callable[[], None]] = []
         self.on_connection_closed: list[Callable[[ConnectionState], None]] = []
+        self.connection_properties: list[Callable[[], dict[str, Any]]] = []
         self.on_quiesced: list[Callable[[], None]] = []
         self.on_quiesced_once: list[Callable[[], None]] = []
         # client.settled window
@@ -250,7 +251,10 @@ class Server:
         st.admin = self._is_admin(st.user)
         self.conns[c] = st
         c.offered_capabilities = ["ANONYMOUS-RELAY"]
-        c.properties = {"product": "understudy", "version": __version__, "x-understudy-broker": self.id}
+        props_out: dict[str, Any] = {"product": "understudy", "version": __version__, "x-understudy-broker": self.id}
+        for provider in self.connection_properties:
+            props_out.update(provider())
+        c.properties = props_out
         if self.connection_policy is not None:
             try:
                 self.connection_policy(st)
@@ -510,8 +514,10 @@ class Server:
     # ----- wiring events ----------------------------------------------------------------------------------------
     def wiring_changed(self, event: WiringEvent) -> None:
         if event.kind in ("declared", "deleted"):
-            log.info(f"wiring.{event.kind}", type=event.type, name=event.name, seq=event.seq,
-                     arguments=event.attributes.get("arguments"))
+            # Temporary (reply) queues come and go with every management client: debug level.
+            temp = event.type == "queue" and event.name.startswith("temp.")
+            (log.debug if temp else log.info)(f"wiring.{event.kind}", type=event.type, name=event.name,
+                                               seq=event.seq, arguments=event.attributes.get("arguments"))
         else:
             a = event.attributes
             log.info(f"wiring.{event.kind}", exchange=a.get("source"), queue=a.get("destination"),

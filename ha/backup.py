@@ -7,6 +7,8 @@ replay the events the queries did not cover, then open one replicating browser p
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import random
 import time
@@ -128,7 +130,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.conn = None
         if was:
             log.warning("ha.primary.lost", primary=self.primary_name, address=self.primary_address, reason=reason)
-            if self.node.state in (HaState.CATCHUP, HaState.READY):
+            if self.node.state == HaState.CATCHUP:
                 self.node.set_state(HaState.JOINING, f"primary lost: {reason}")
         self._schedule_reconnect()
 
@@ -143,11 +145,13 @@ class Backup(MessagingHandler):  # type: ignore[misc]
 
     def on_connection_opened(self, event: Any) -> None:
         c = event.connection
-        props = c.remote_properties or {}
+        props: Any = c.remote_properties or {}
         name = props.get(P.PROP_BROKER)
         if name == self.server.id:
             self._lost("connected to myself")
             return
+        if props.get(P.PROP_ROLE) != "primary":
+            return  # a backup: it closes the connection with a redirect right after this open
         theirs = int(props.get(P.PROP_EPOCH, 0) or 0)
         check = check_peer_epoch(self.node.epoch, theirs, my_role=Role.BACKUP)
         if check.decision == Decision.REFUSE_STALE:
@@ -170,8 +174,6 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.events_buffer = []
         self.events_link = cont.create_receiver(c, "$events", name="ha-events")
         self.events_link.flow(10_000)
-        self.status_link = cont.create_receiver(c, P.STATUS_ADDRESS, name="ha-status")
-        self.status_link.flow(100)
         self.mgmt_sender = cont.create_sender(c, "$management", name="ha-mgmt")
         self.reply_link = cont.create_receiver(c, None, dynamic=True, name="ha-replies")
         self.reply_link.flow(100)
@@ -190,7 +192,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self._lost(f"{cond.name}: {cond.description}" if cond else "transport error")
 
     def on_disconnected(self, event: Any) -> None:
-        if event.connection is self.conn or self.conn is None:
+        if self.conn is None or event.connection == self.conn:
             self._lost("disconnected")
 
     def on_link_error(self, event: Any) -> None:
@@ -231,14 +233,14 @@ class Backup(MessagingHandler):  # type: ignore[misc]
 
     def _query_wiring(self) -> None:
         for t in ("queue", "exchange", "binding"):
-            self.request("QUERY", t, lambda m, t=t: self._snapshot(t, m))
+            self.request("QUERY", t, functools.partial(self._snapshot, t))
 
     def _snapshot(self, type_: str, msg: Message) -> None:
-        props = msg.properties or {}
+        props: Any = msg.properties or {}
         if props.get("statusCode") != 200:
             self._lost(f"QUERY {type_} failed: {props.get('statusDescription')}")
             return
-        body = msg.body or {}
+        body: Any = msg.body or {}
         names = body.get("attributeNames", [])
         rows = [dict(zip(names, r, strict=False)) for r in body.get("results", [])]
         self.snapshot[type_] = (int(props.get("seq", 0)), rows)
@@ -276,7 +278,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
                 w.delete_exchange(name)
         # Queue/exchange events after their snapshots.
         for m in buffered:
-            p = m.properties or {}
+            p: Any = m.properties or {}
             seq, t = int(p.get("seq", 0)), p.get("type")
             if (t == "queue" and seq > qseq) or (t == "exchange" and seq > xseq):
                 self._apply_event(m)
@@ -294,14 +296,20 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             ):
                 w.unbind(*key)
         for m in buffered:
-            p = m.properties or {}
-            if p.get("type") == "binding" and int(p.get("seq", 0)) > bseq:
+            bp: Any = m.properties or {}
+            if bp.get("type") == "binding" and int(bp.get("seq", 0)) > bseq:
                 self._apply_event(m)
         self.wiring_ready = True
-        for q in list(w.queues.values()):
-            self._maybe_replicate(q)
-        if self.node.state == HaState.JOINING:
+        for lq in list(w.queues.values()):
+            self._maybe_replicate(lq)
+        if self.node.state in (HaState.JOINING, HaState.READY):
             self.node.set_state(HaState.CATCHUP, f"wiring mirrored from {self.primary_name}")
+        # Attached last: it tells the primary that the wiring is mirrored and every browser requested, so from
+        # now on readiness only depends on catch-up. The primary answers with the membership list.
+        cont = self.server.container
+        assert cont is not None
+        self.status_link = cont.create_receiver(self.conn, P.STATUS_ADDRESS, name="ha-status")
+        self.status_link.flow(100)
 
     def _binding_replicated(self, b: dict[str, Any]) -> bool:
         default = self.node.default_level
@@ -357,9 +365,9 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             log.error("ha.wiring.error", type="binding", name="|".join(key), description=str(e))
 
     def _apply_event(self, msg: Message) -> None:
-        p = msg.properties or {}
+        p: Any = msg.properties or {}
         kind, type_, name = p.get("kind"), p.get("type"), p.get("name")
-        a = msg.body or {}
+        a: Any = msg.body or {}
         w = self.server.wiring
         default = self.node.default_level
         if type_ == "queue":
@@ -386,10 +394,8 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             if kind == "bound" and self._binding_replicated(a):
                 self._ensure_binding(key, a.get("arguments") or {})  # type: ignore[arg-type]
             elif kind == "unbound":
-                try:
+                with contextlib.suppress(WiringError):
                     w.unbind(*key)  # type: ignore[arg-type]
-                except WiringError:
-                    pass
 
     # ----- queues -----------------------------------------------------------------------------------------------
     def _maybe_replicate(self, q: Queue) -> None:
@@ -406,7 +412,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
 
     # ----- membership -------------------------------------------------------------------------------------------
     def _membership(self, msg: Message) -> None:
-        body = msg.body or {}
+        body: Any = msg.body or {}
         try:
             m = Membership.from_wire({"epoch": body.get("epoch"), "members": body.get("members")})
         except ValueError as e:

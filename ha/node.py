@@ -46,6 +46,7 @@ class HaNode:
         s.role_epoch = lambda: (self.state.role.value, self.epoch)
         s.attribute_providers.append(self.attributes)
         s.on_started.append(self.start)
+        s.connection_properties.append(self.connection_properties)
         m = s.management
         m.register(P.MGMT_TYPE, "STATUS", self.op_status, write=False)
         m.register(P.MGMT_TYPE, "PROMOTE", self.op_promote, write=True)
@@ -160,6 +161,17 @@ class HaNode:
             raise Refusal("amqp:connection:redirect", f"{self.server.id} is a backup; the primary is at {url}",
                           P.redirect_info(url))
         raise Refusal("amqp:connection:forced", f"{self.server.id} is a backup and does not serve clients")
+
+    def connection_properties(self) -> dict[str, Any]:
+        props: dict[str, Any] = {
+            P.PROP_ADDRESS: self.address,
+            P.PROP_EPOCH: self.epoch,
+            P.PROP_ROLE: self.state.role.value,
+            P.PROP_REPLICATE: self.default_level,
+        }
+        if self.config.ha_public_url:
+            props[P.PROP_PUBLIC_URL] = self.config.ha_public_url
+        return props
 
     # ----- management -------------------------------------------------------------------------------------------
     def attributes(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ when its catch-up is done it holds every message a client saw settled: that is w
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from ha.node import HaNode
 
 log = get_logger("ha.primary")
+_status_tags = itertools.count(1)
 
 
 @dataclass(eq=False)
@@ -45,6 +47,7 @@ class RemoteBackup:
     catchup: BackupCatchup
     state: HaState = HaState.CATCHUP
     senders: dict[str, ReplicatingSender] = field(default_factory=dict)
+    wiring_done: bool = False  # the backup attached its status link: wiring mirrored, browsers requested
 
 
 class Primary:
@@ -198,6 +201,9 @@ class Primary:
             raise LinkError("amqp:invalid-field", "the status link is read from the primary")
         h = StatusLink(self, link, st)
         self.status_links.add(h)
+        b = self._backup_of(st)
+        b.wiring_done = True
+        self.server.wake_call(lambda: self.check_ready(b))
         h.send(self.membership_message())
         return h
 
@@ -262,7 +268,7 @@ class Primary:
 
     # ----- readiness, recovery ----------------------------------------------------------------------------------
     def check_ready(self, b: RemoteBackup) -> None:
-        if b.state == HaState.CATCHUP and self.backups.get(b.name) is b and b.catchup.ready:
+        if b.state == HaState.CATCHUP and self.backups.get(b.name) is b and b.wiring_done and b.catchup.ready:
             b.state = HaState.READY
             log.info("ha.backup.ready", backup=b.name, address=b.address,
                      seconds=round(time.time() - b.connected_at, 3))
@@ -470,8 +476,7 @@ class StatusLink(LinkHandler):
     def on_flow(self) -> None:
         s = self.sender
         while self.pending and s.credit > 0:
-            self.primary.ctl_tag = getattr(self.primary, "ctl_tag", 0) + 1
-            d = s.delivery(f"m{self.primary.ctl_tag}")
+            d = s.delivery(f"m{next(_status_tags)}")
             s.send(self.pending.popleft())
             s.advance()
             d.settle()

@@ -60,6 +60,44 @@ class Layout:
         return self.root.rstrip("/").rsplit("/", 1)[-1]
 
 
+class TimedOps:
+    """The kazoo calls we make, each giving up after ``timeout`` seconds.
+
+    kazoo's synchronous calls queue a request made while reconnecting and wait for it without limit; the
+    coordinator's worker must never hang like that, or it could not report SUSPENDED.  A call that times out
+    raises `KazooTimeoutError`.
+    """
+
+    def __init__(self, client: KazooClient, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+
+    def exists(self, path: str, watch: Watch = None) -> Any:
+        return self.client.exists_async(path, watch=watch).get(timeout=self.timeout)
+
+    def get(self, path: str, watch: Watch = None) -> tuple[bytes, Any]:
+        data, stat = self.client.get_async(path, watch=watch).get(timeout=self.timeout)
+        return data, stat
+
+    def get_children(self, path: str, watch: Watch = None) -> list[str]:
+        return list(self.client.get_children_async(path, watch=watch).get(timeout=self.timeout))
+
+    def create(self, path: str, value: bytes = b"", ephemeral: bool = False) -> None:
+        self.client.create_async(path, value, ephemeral=ephemeral).get(timeout=self.timeout)
+
+    def set(self, path: str, value: bytes) -> None:
+        self.client.set_async(path, value).get(timeout=self.timeout)
+
+    def delete(self, path: str) -> None:
+        self.client.delete_async(path).get(timeout=self.timeout)
+
+    def ensure_path(self, path: str) -> None:
+        self.client.ensure_path_async(path).get(timeout=self.timeout)
+
+    def commit(self, transaction: Any) -> list[Any]:
+        return list(transaction.commit_async().get(timeout=self.timeout))
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything stored under the cluster path, as read in one pass."""
@@ -98,7 +136,7 @@ def _parse_epoch(data: bytes) -> int:
         raise CoordinatorError(f"unreadable epoch znode: {text!r}") from exc
 
 
-def read_snapshot(client: KazooClient, layout: Layout, watch: Watch = None) -> Snapshot:
+def read_snapshot(client: TimedOps, layout: Layout, watch: Watch = None) -> Snapshot:
     """Read the whole cluster path; ``watch`` (if given) is set on every znode read, to learn of any change."""
     epoch, epoch_version = 0, -1
     if client.exists(layout.epoch, watch=watch) is not None:
@@ -142,8 +180,8 @@ def read_snapshot(client: KazooClient, layout: Layout, watch: Watch = None) -> S
     )
 
 
-def _children(client: KazooClient, path: str, watch: Watch) -> list[str]:
+def _children(client: TimedOps, path: str, watch: Watch) -> list[str]:
     try:
-        return list(client.get_children(path, watch=watch))
+        return client.get_children(path, watch=watch)
     except NoNodeError:
         return []

@@ -51,7 +51,7 @@ from ha.coordination.base import (
     MemberRecord,
     Session,
 )
-from ha.coordination.znodes import Layout, Snapshot, leader_data, read_snapshot, ready_data
+from ha.coordination.znodes import Layout, Snapshot, TimedOps, leader_data, read_snapshot, ready_data
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,10 @@ def read_cluster(hosts: str, path: str, timeout: float = 5.0) -> ClusterView:
     except KazooTimeoutError as exc:
         client.close()
         raise CoordinatorError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s") from exc
+    layout = Layout(path.rstrip("/"))
     try:
-        return build_view(Layout(path.rstrip("/")), read_snapshot(client, Layout(path.rstrip("/"))))
-    except KazooException as exc:
+        return build_view(layout, read_snapshot(TimedOps(client, timeout), layout))
+    except (KazooException, KazooTimeoutError) as exc:
         raise CoordinatorError(f"reading {path} from ZooKeeper failed: {exc!r}") from exc
     finally:
         client.stop()
@@ -153,6 +154,7 @@ class ZooKeeperCoordinator(Coordinator):
         self.address = address
         self.session_timeout = session_timeout
         self._client = client or new_client(hosts, session_timeout)
+        self._ops = TimedOps(self._client, session_timeout)
         self._inbox: queue.Queue[_Wake | _StateChange] = queue.Queue()
         self._lock = threading.Lock()
         self._wanted = _Wanted()
@@ -240,12 +242,12 @@ class ZooKeeperCoordinator(Coordinator):
             for item in items:
                 if isinstance(item, _StateChange):
                     self._handle_state(item.state)
-            if self._session is not Session.CONNECTED:
+            if self._session is not Session.CONNECTED or not self._client.connected:
                 continue
             try:
                 self._turn()
                 delays = None
-            except (KazooException, CoordinatorError) as exc:
+            except (KazooException, KazooTimeoutError, CoordinatorError) as exc:
                 log.warning("zookeeper turn failed: %r; retrying", exc)
                 delays = delays or backoff_delays(0.05, max(0.1, self.session_timeout * RENEW_FRACTION))
             self._report_view()
@@ -312,7 +314,7 @@ class ZooKeeperCoordinator(Coordinator):
         self._view = self._make_view()
 
     def _read(self) -> Snapshot:
-        self._snapshot = read_snapshot(self._client, self.layout, watch=self._on_watch)
+        self._snapshot = read_snapshot(self._ops, self.layout, watch=self._on_watch)
         return self._snapshot
 
     def _owns_leader(self, snap: Snapshot) -> bool:
@@ -326,7 +328,7 @@ class ZooKeeperCoordinator(Coordinator):
         tx = self._client.transaction()
         tx.set_data(self.layout.epoch, str(epoch).encode(), version=snap.epoch_version)
         tx.create(self.layout.leader, leader_data(self.name, self.address, epoch), ephemeral=True)
-        results = tx.commit()
+        results = self._ops.commit(tx)
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
             log.info("%s lost the race for leadership: %r", self.name, failures)
@@ -341,7 +343,7 @@ class ZooKeeperCoordinator(Coordinator):
 
     def _release(self) -> None:
         with contextlib.suppress(NoNodeError):
-            self._client.delete(self.layout.leader)
+            self._ops.delete(self.layout.leader)
         self._lose_leadership("withdrawn")
 
     def _lose_leadership(self, why: str) -> None:
@@ -355,13 +357,13 @@ class ZooKeeperCoordinator(Coordinator):
         tx = self._client.transaction()
         tx.check(self.layout.leader, 0)
         tx.set_data(self.layout.ready, ready_data(snap.epoch, self.name, names))
-        failures = [r for r in tx.commit() if isinstance(r, Exception)]
+        failures = [r for r in self._ops.commit(tx) if isinstance(r, Exception)]
         if failures:
             raise CoordinatorError(f"ready set not written: {failures!r}")
         self._drop_ready(names)
         if done is not None:
             self._notify(done)
-        self._snapshot = read_snapshot(self._client, self.layout, watch=self._on_watch)
+        self._snapshot = read_snapshot(self._ops, self.layout, watch=self._on_watch)
 
     def _drop_ready(self, names: frozenset[str]) -> None:
         with self._lock:
@@ -372,28 +374,28 @@ class ZooKeeperCoordinator(Coordinator):
         if self._layout_ready:
             return
         for path in (self.layout.members, self.layout.candidates):
-            self._client.ensure_path(path)
+            self._ops.ensure_path(path)
         for path, initial in ((self.layout.epoch, b"0"), (self.layout.ready, b"")):
             with contextlib.suppress(NodeExistsError):
-                self._client.create(path, initial)
+                self._ops.create(path, initial)
         self._layout_ready = True
 
     def _sync_ephemeral(self, path: str, data: bytes | None) -> None:
         """Make our ephemeral znode at ``path`` hold ``data`` (None: absent)."""
-        stat = self._client.exists(path)
+        stat = self._ops.exists(path)
         if data is None:
             if stat is not None and stat.ephemeralOwner == self._session_id:
-                self._client.delete(path)
+                self._ops.delete(path)
             return
         if stat is not None and stat.ephemeralOwner != self._session_id:
-            self._client.delete(path)  # left by an earlier session of ours
+            self._ops.delete(path)  # left by an earlier session of ours
             stat = None
         if stat is None:
-            self._client.create(path, data, ephemeral=True)
+            self._ops.create(path, data, ephemeral=True)
         else:
-            current, _ = self._client.get(path)
+            current, _ = self._ops.get(path)
             if current != data:
-                self._client.set(path, data)
+                self._ops.set(path, data)
 
     def _make_view(self) -> ClusterView:
         if self._snapshot is None:
@@ -417,10 +419,10 @@ class ZooKeeperCoordinator(Coordinator):
         if self._session is Session.CONNECTED:
             try:
                 if self._leading and self._snapshot is not None and self._owns_leader(self._snapshot):
-                    self._client.delete(self.layout.leader)
+                    self._ops.delete(self.layout.leader)
                 for path in (self.layout.candidate(self.name), self.layout.member(self.name)):
                     self._sync_ephemeral(path, None)
-            except KazooException as exc:
+            except (KazooException, KazooTimeoutError) as exc:
                 log.warning("clean resignation failed: %r", exc)
         self._leading = False
         self._lease_until = 0.0

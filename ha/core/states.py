@@ -81,8 +81,10 @@ TRANSITIONS: Mapping[tuple[HaState, HaState], Transition] = MappingProxyType(
         (S.CATCHUP, S.JOINING): Transition(
             Trigger.PRIMARY_LOST, "primary connection lost (or refused); reconnect with backoff"
         ),
-        (S.READY, S.JOINING): Transition(
-            Trigger.PRIMARY_LOST, "primary connection lost (or refused); reconnect with backoff"
+        (S.READY, S.CATCHUP): Transition(
+            Trigger.PRIMARY_CONNECTED,
+            "reconnected to a primary: re-sync. A ready backup that loses its primary stays ready (it holds "
+            "every acknowledged message), so it can be promoted",
         ),
         (S.READY, S.RECOVERING): Transition(
             Trigger.PROMOTE, "promoted (ha-admin promote, Pacemaker, ZooKeeper)"

@@ -1,0 +1,111 @@
+"""`ha-admin`: operate one broker of a cluster. Exit 0 on success, 1 on failure with a one-line error."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import click
+
+from broker.client import ManagementClient, ManagementError
+from ha import protocol as P
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"ha-admin: {message}", err=True)
+    sys.exit(1)
+
+
+class Ctx:
+    def __init__(self, broker: str, timeout: float, user: str | None, password: str | None) -> None:
+        self.broker = broker
+        self.timeout = timeout
+        self.user = user
+        self.password = password
+
+    def client(self) -> ManagementClient:
+        try:
+            return ManagementClient(self.broker, self.timeout, self.user, self.password)
+        except ManagementError as e:
+            fail(str(e))
+
+    def call(self, operation: str, name: str | None = None, body: Any = None) -> dict[str, Any]:
+        with self.client() as c:
+            try:
+                r = c.request(operation, P.MGMT_TYPE, name, body)
+            except ManagementError as e:
+                fail(str(e))
+        if r.status == 400 and "unknown type" in r.description:
+            fail(f"{self.broker} is not an HA broker (started without --ha-cluster)")
+        if not r.ok:
+            fail(f"{operation.lower()} refused by {self.broker}: {r.description}")
+        return r.body if isinstance(r.body, dict) else {"description": r.description}
+
+
+@click.group()
+@click.option("--broker", "-b", default="127.0.0.1:5672", show_default=True, help="host:port of the broker")
+@click.option("--timeout", default=5.0, show_default=True, help="seconds to wait for an answer")
+@click.option("--user", default=None, help="SASL PLAIN user (admin role needed for changes)")
+@click.option("--password", default=None)
+@click.pass_context
+def cli(ctx: click.Context, broker: str, timeout: float, user: str | None, password: str | None) -> None:
+    """Operate one Understudy broker."""
+    ctx.obj = Ctx(broker, timeout, user, password)
+
+
+@cli.command()
+@click.pass_obj
+def ping(obj: Ctx) -> None:
+    """Exit 0 if the broker answers management within the timeout."""
+    with obj.client() as c:
+        try:
+            c.call("READ", "broker")
+        except ManagementError as e:
+            fail(str(e))
+    click.echo(f"{obj.broker} is alive")
+
+
+@cli.command()
+@click.pass_obj
+def query(obj: Ctx) -> None:
+    """Print this broker's HA status as one JSON object."""
+    click.echo(json.dumps(obj.call("STATUS"), sort_keys=True))
+
+
+@cli.command()
+@click.option("--force", is_flag=True, help="promote even from joining/catchup (may lose acknowledged messages)")
+@click.option("--epoch", type=int, default=None, help="epoch to take (from an external coordinator)")
+@click.pass_obj
+def promote(obj: Ctx, force: bool, epoch: int | None) -> None:
+    """Promote a ready backup to primary."""
+    if force:
+        click.echo("ha-admin: WARNING: forced promotion: messages acknowledged by the old primary may be lost",
+                   err=True)
+    body: dict[str, Any] = {"force": force}
+    if epoch is not None:
+        body["epoch"] = epoch
+    st = obj.call("PROMOTE", body=body)
+    click.echo(f"{st.get('name')} is primary ({st.get('state')}), epoch {st.get('epoch')}")
+
+
+@cli.command()
+@click.pass_obj
+def demote(obj: Ctx) -> None:
+    """Make a primary step down and rejoin as a backup."""
+    obj.call("DEMOTE")
+    click.echo(f"{obj.broker} is stepping down")
+
+
+@cli.command()
+@click.argument("queue")
+@click.option("--level", type=click.Choice(["all", "configuration", "none"]), default="all", show_default=True)
+@click.pass_obj
+def replicate(obj: Ctx, queue: str, level: str) -> None:
+    """Set the replication level of an existing queue (run against the primary)."""
+    obj.call("REPLICATE", name=queue, body={"level": level})
+    click.echo(f"queue {queue} replicates {level}")
+
+
+def main() -> None:
+    cli()
