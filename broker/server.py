@@ -297,6 +297,16 @@ class Server:
             c.close()
 
     @guarded
+    def on_transport_tail_closed(self, event: Any) -> None:
+        # When a read fails (connection reset by the peer) proton's Python IO handler closes only the input side
+        # and never the output side, so the transport, its connection and every link on it would linger forever
+        # (a vanished consumer's unsettled messages never coming back). Nothing more can arrive: close the output
+        # side too, as proton itself does on a plain EOF; that ends in on_transport_closed.
+        t = event.transport
+        if t is not None and event.connection in self.conns and not t.closed:
+            t.close_head()
+
+    @guarded
     def on_transport_closed(self, event: Any) -> None:
         c = event.connection
         if c is not None and c in self.conns:
