@@ -17,8 +17,8 @@ from tests.support.amqp import connect, mgmt, send
 
 def stored(url: str, queue: str) -> list[Any]:
     """Every message body on `queue`, in order, read by a browser (nothing is consumed)."""
-    with mgmt(url) as m:
-        depth = m.call("READ", "queue", queue).body["depth"]
+    with mgmt(url) as client:
+        depth = client.call("READ", "queue", queue).body["depth"]
     c = connect(url)
     try:
         r = c.create_receiver(queue, options=Copy(), credit=max(depth, 1))
@@ -84,7 +84,7 @@ class EngineClient:
 
     def flush(self) -> None:
         while self.transport.pending() > 0:
-            out = self.transport.peek(self.transport.pending())
+            out = self.transport.peek(self.transport.pending()) or b""
             self.sock.sendall(out)
             self.transport.pop(len(out))
 
@@ -120,7 +120,7 @@ class EngineClient:
     def pending_bytes(self) -> bytes:
         """What proton would write next (not written yet)."""
         n = self.transport.pending()
-        return bytes(self.transport.peek(n)) if n > 0 else b""
+        return bytes(self.transport.peek(n) or b"") if n > 0 else b""
 
     def write_and_vanish(self, data: bytes, reset: bool) -> None:
         """Write `data` and drop the socket: with `reset` an RST (SO_LINGER 0), else an orderly FIN."""

@@ -48,6 +48,11 @@ def create(url: str, type_: str, name: str | None, body: dict[str, Any]) -> None
         m.call("CREATE", type_, name, body)
 
 
+def condition_name(e: LinkDetached) -> str | None:
+    cond = e.link.remote_condition
+    return cond.name if cond is not None else None
+
+
 # ----- management --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("operation", "type_", "name", "body", "status", "words"),
@@ -141,7 +146,7 @@ def test_oversize_message_detaches_with_message_size_exceeded(
         s = c.create_sender(target)
         with pytest.raises(LinkDetached) as exc:
             s.send(big_message(size))
-        assert exc.value.link.remote_condition.name == "amqp:link:message-size-exceeded"
+        assert condition_name(exc.value) == "amqp:link:message-size-exceeded"
         # The connection survives: a new link on it still works.
         c.create_sender(target, name="after").send(Message(body="after"))
     finally:
@@ -188,7 +193,7 @@ def test_unknown_address_is_not_found_on_attach(strict: BrokerProcess, intact: S
                 c.create_sender("no-such-queue")
             else:
                 c.create_receiver("no-such-queue")
-        assert exc.value.link.remote_condition.name == "amqp:not-found"
+        assert condition_name(exc.value) == "amqp:not-found"
     finally:
         c.close()
     with mgmt(strict.url) as m:
