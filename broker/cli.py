@@ -134,6 +134,12 @@ def make_command(plugins: list[Plugin]) -> click.Command:
             for line in e.lines:
                 click.echo(f"ha-broker: {line}", err=True)
             sys.exit(2)
+        if cfg.users_file is not None:
+            try:
+                load_users(cfg.users_file)  # a bad users file is a configuration error too
+            except UsersFileError as e:
+                click.echo(f"ha-broker: {e}", err=True)
+                sys.exit(2)
         if validate_config:
             click.echo("configuration OK")
             sys.exit(0)
