@@ -421,7 +421,9 @@ class Server:
             raise LinkError("amqp:invalid-field", "a receiving link needs a source address")
         if address in self.wiring.exchanges:
             return self._subscribe_exchange(link, st, address)
-        q = self.wiring.queues.get(address) or self._auto_create(address, source.properties)
+        q = self.wiring.queues.get(address)
+        if q is None:  # (a Queue is falsy when empty: never `or` it)
+            q = self._auto_create(address, source.properties)
         browse = source.distribution_mode == Terminus.DIST_MODE_COPY
         return self._consumer(link, st, q, browse)
 

@@ -6,9 +6,12 @@ everything goes through the server's hooks (holders, connection policy, address 
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
+
+from proton import Message
 
 from broker.config import BrokerConfig
 from broker.log import get_logger
@@ -52,6 +55,7 @@ class HaNode:
         m.register(P.MGMT_TYPE, "PROMOTE", self.op_promote, write=True)
         m.register(P.MGMT_TYPE, "DEMOTE", self.op_demote, write=True)
         m.register(P.MGMT_TYPE, "REPLICATE", self.op_replicate, write=True)
+        m.register(P.MGMT_TYPE, "BROWSE", self.op_browse, write=False)
 
     def start(self) -> None:
         self.address = f"{self.config.host}:{self.server.port}"
@@ -220,6 +224,23 @@ class HaNode:
             return Response(409, f"not a primary (state {self.state.value})")
         self.server.wake_call(lambda: self.demote("operator request"))
         return Response(200, "demoting to backup")
+
+    def op_browse(self, req: Request) -> Response:
+        """Positions and bodies on a queue (a backup's replica included), oldest first, without consuming."""
+        q = self.server.wiring.queues.get(req.name or "")
+        if q is None:
+            return Response(404, f"queue {req.name!r} not found")
+        body = req.body if isinstance(req.body, dict) else {}
+        limit = body.get("limit", 10_000)
+        if not isinstance(limit, int) or limit < 0:
+            return Response(400, "limit must be a non-negative integer")
+        positions, bodies = [], []
+        for pos in itertools.islice(q.positions(), limit):
+            m = Message()
+            m.decode(q.entries[pos].msg.data)
+            positions.append(pos)
+            bodies.append(m.body)
+        return Response(200, "OK", {"positions": positions, "bodies": bodies, "depth": q.depth})
 
     def op_replicate(self, req: Request) -> Response:
         """Set the replication level of an existing queue (on the primary)."""

@@ -1,0 +1,109 @@
+"""A local HA cluster of real `ha-broker` processes on loopback, for tests."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from broker.client import ManagementClient, ManagementError
+from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Cluster:
+    def __init__(self, factory: BrokerFactory, n: int, extra: list[str], heartbeat: float = 1.0) -> None:
+        self.factory = factory
+        self.ports = free_ports(n)
+        self.brokers_url = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        self.extra = extra
+        self.heartbeat = heartbeat
+        self.brokers: list[BrokerProcess] = []
+        for i, p in enumerate(self.ports):
+            self.brokers.append(factory(*self.args(), name=f"b{i + 1}", port=p, start=False))
+
+    def args(self) -> list[str]:
+        return ["--ha-cluster", "--ha-brokers-url", self.brokers_url, "--ha-heartbeat", str(self.heartbeat),
+                "--ha-backup-timeout", "5", *self.extra]
+
+    def start(self, *which: int) -> None:
+        for i in which or range(len(self.brokers)):
+            self.brokers[i].start()
+
+    def __getitem__(self, i: int) -> BrokerProcess:
+        return self.brokers[i]
+
+    @property
+    def urls(self) -> list[str]:
+        return [b.url for b in self.brokers]
+
+    @staticmethod
+    def status(b: BrokerProcess, timeout: float = 5.0) -> dict[str, Any]:
+        with ManagementClient(b.url, timeout=timeout) as m:
+            body: dict[str, Any] = m.call("STATUS", "ha-broker").body
+            return body
+
+    @staticmethod
+    def try_status(b: BrokerProcess) -> dict[str, Any] | None:
+        try:
+            return Cluster.status(b, timeout=2.0)
+        except (ManagementError, OSError):
+            return None
+
+    @staticmethod
+    def admin(b: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "ha-admin"), "--broker", b.url, *args], capture_output=True, text=True,
+                              timeout=30)
+
+    def promote(self, i: int, *args: str) -> None:
+        r = self.admin(self.brokers[i], "promote", *args)
+        assert r.returncode == 0, r.stderr
+
+    def wait_state(self, i: int, *states: str, timeout: float = 20.0) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            st = self.try_status(self.brokers[i])
+            return st if st is not None and st["state"] in states else None
+
+        result: dict[str, Any] = wait_for(check, timeout, 0.05, what=f"b{i + 1} in {states}")
+        return result
+
+    def start_with_primary(self, primary: int = 0) -> None:
+        """Start every broker, promote one, wait until all others are ready."""
+        self.start()
+        self.promote(primary)
+        self.wait_state(primary, "active")
+        for i in range(len(self.brokers)):
+            if i != primary:
+                self.wait_state(i, "ready")
+
+    def queue_bodies(self, i: int, queue: str) -> list[Any]:
+        """Bodies on a queue of any broker (backups included), in position order, without consuming."""
+        return [b for _, b in self.queue_entries(i, queue)]
+
+    def queue_entries(self, i: int, queue: str) -> list[tuple[int, Any]]:
+        with ManagementClient(self.brokers[i].url) as m:
+            r = m.request("BROWSE", "ha-broker", queue)
+            if r.status == 404:
+                return []
+            assert r.ok, r.description
+            return list(zip(r.body["positions"], r.body["bodies"], strict=True))
+
+
+def kill(b: BrokerProcess) -> None:
+    b.kill()
+
+
+def path_of(b: BrokerProcess) -> Path:
+    return b.data_dir

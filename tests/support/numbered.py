@@ -1,0 +1,103 @@
+"""A numbered sender or receiver that fails over across a URL list (run as a subprocess by HA tests).
+
+    python -m tests.support.numbered send --urls A,B,C --queue Q --count N --out acked.txt
+    python -m tests.support.numbered receive --urls A,B,C --queue Q --out received.txt [--idle 30]
+
+The sender writes each number once the broker settled it as accepted (one per line); after a failure it resends the
+numbers that were not confirmed. The receiver writes each number it accepted. Both reconnect with a short backoff,
+trying every URL in turn (a backup refuses clients, so only the primary takes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from proton import Message
+from proton.utils import BlockingConnection
+
+
+def connect(urls: list[str], deadline: float) -> BlockingConnection:
+    i = 0
+    while True:
+        url = urls[i % len(urls)]
+        i += 1
+        try:
+            return BlockingConnection(url, timeout=5, reconnect=False)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05 if i % len(urls) else 0.2)
+
+
+def send(urls: list[str], queue: str, count: int, out: str, pause: float) -> int:
+    pending = list(range(1, count + 1))
+    deadline = time.monotonic() + 120
+    with open(out, "a", buffering=1) as f:
+        while pending:
+            try:
+                c = connect(urls, deadline)
+                s = c.create_sender(queue)
+                while pending:
+                    n = pending[0]
+                    s.send(Message(body=n, durable=True), timeout=10)
+                    f.write(f"{n}\n")
+                    pending.pop(0)
+                    if pause:
+                        time.sleep(pause)
+                c.close()
+            except Exception as e:
+                print(f"sender: {type(e).__name__}: {e}; failing over", file=sys.stderr, flush=True)
+                if time.monotonic() > deadline:
+                    return 1
+    return 0
+
+
+def receive(urls: list[str], queue: str, out: str, idle: float, until: int) -> int:
+    deadline = time.monotonic() + 180
+    got = 0
+    with open(out, "a", buffering=1) as f:
+        last = time.monotonic()
+        while time.monotonic() - last < idle and (until <= 0 or got < until):
+            try:
+                c = connect(urls, deadline)
+                r = c.create_receiver(queue, credit=10)
+                while time.monotonic() - last < idle and (until <= 0 or got < until):
+                    try:
+                        m = r.receive(timeout=0.5)
+                    except Exception as e:
+                        if "Timeout" in type(e).__name__:
+                            continue
+                        raise
+                    f.write(f"{m.body}\n")
+                    r.accept()
+                    got += 1
+                    last = time.monotonic()
+                c.close()
+            except Exception as e:
+                print(f"receiver: {type(e).__name__}: {e}; failing over", file=sys.stderr, flush=True)
+                if time.monotonic() > deadline:
+                    return 1
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["send", "receive"])
+    ap.add_argument("--urls", required=True)
+    ap.add_argument("--queue", required=True)
+    ap.add_argument("--count", type=int, default=1000)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--pause", type=float, default=0.0)
+    ap.add_argument("--idle", type=float, default=30.0)
+    ap.add_argument("--until", type=int, default=0)
+    a = ap.parse_args()
+    urls = a.urls.split(",")
+    if a.mode == "send":
+        return send(urls, a.queue, a.count, a.out, a.pause)
+    return receive(urls, a.queue, a.out, a.idle, a.until)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
