@@ -421,11 +421,11 @@ class Server:
             raise LinkError("amqp:invalid-field", "a receiving link needs a source address")
         if address in self.wiring.exchanges:
             return self._subscribe_exchange(link, st, address)
-        q = self.wiring.queues.get(address)
-        if q is None:  # (a Queue is falsy when empty: never `or` it)
-            q = self._auto_create(address, source.properties)
+        found = self.wiring.queues.get(address)
+        if found is None:  # (a Queue is falsy when empty: never `or` it)
+            found = self._auto_create(address, source.properties)
         browse = source.distribution_mode == Terminus.DIST_MODE_COPY
-        return self._consumer(link, st, q, browse)
+        return self._consumer(link, st, found, browse)
 
     def _consumer(self, link: Any, st: ConnectionState, q: Queue, browse: bool) -> ConsumerLink:
         if q.locked:

@@ -24,7 +24,7 @@ Make = Callable[..., Cluster]
 def numbered(mode: str, urls: list[str], queue: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "tests.support.numbered", mode, "--urls", ",".join(urls),
                              "--queue", queue, "--out", str(out), *extra], cwd=ROOT,
-                            stderr=open(out.with_suffix(".err"), "wb"))  # noqa: SIM115
+                            stderr=open(out.with_suffix(".err"), "wb"))
 
 
 def numbers(path: Path) -> list[int]:
@@ -212,7 +212,7 @@ def test_recovering_primary_holds_settlements_until_expected_backup_returns(clus
         waited = time.monotonic() - t0
         conn.close()
         assert Cluster.status(c[1])["state"] == "active"
-        active = [e for e in c[1].events() if e["event"] == "ha.active"][0]
+        active = next(e for e in c[1].events() if e["event"] == "ha.active")
         assert active["timed_out"] == []
         print(f"\nsettled {waited:.2f}s after b3 resumed")
     finally:
