@@ -1,0 +1,138 @@
+"""`python -m bench`: start each target in turn, run the phases, write JSON, print the ratio table."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.phases import PhaseSpec, run_phase
+from bench.scenarios import DEFAULT, SCENARIOS
+from bench.targets import Target
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PRESETS: dict[str, dict[str, Any]] = {
+    # ~1-2 minutes for the three default targets on a 2-core machine
+    "quick": {"messages": 20_000, "latency_messages": 1_000, "repeat": 1},
+    # a few minutes; medians of 3
+    "full": {"messages": 100_000, "latency_messages": 5_000, "repeat": 3},
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench", description=__doc__)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="sizes for a quick or a full run")
+    p.add_argument("--targets", default=",".join(DEFAULT),
+                   help=f"comma list of {', '.join(SCENARIOS)} [{','.join(DEFAULT)}]")
+    p.add_argument("--phases", default="publish,e2e,latency", help="comma list of publish,e2e,latency")
+    p.add_argument("--messages", type=int, help="messages per publish / e2e phase (all publishers together)")
+    p.add_argument("--latency-messages", type=int, help="messages in the sync latency phase")
+    p.add_argument("--duration", type=float, help="cap each publisher at this many seconds (count still caps)")
+    p.add_argument("--size", type=int, default=128, help="message body bytes [128]")
+    p.add_argument("--durable", action="store_true", help="send durable messages")
+    p.add_argument("--publishers", type=int, default=2, help="publisher processes [2]")
+    p.add_argument("--consumers", type=int, default=2, help="consumer processes in the e2e phase [2]")
+    p.add_argument("--window", type=int, default=200, help="unsettled messages in flight per publisher [200]")
+    p.add_argument("--credit", type=int, default=200, help="credit window per consumer [200]")
+    p.add_argument("--repeat", type=int, help="run each phase this many times per target (medians are reported)")
+    p.add_argument("--ours-arg", action="append", default=[], help="extra ha-broker flag (repeatable)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results [bench/results]")
+    p.add_argument("--keep-workdir", action="store_true", help="keep broker data and logs (path printed)")
+    args = p.parse_args(argv)
+    for k, v in PRESETS[args.preset].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    unknown = [t for t in args.targets.split(",") if t not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    return args
+
+
+def phase_specs(args: argparse.Namespace) -> list[PhaseSpec]:
+    common = {"duration": args.duration, "size": args.size, "durable": args.durable, "credit": args.credit}
+    specs = {
+        "publish": PhaseSpec("publish", args.publishers, 0, args.messages, window=args.window, **common),
+        "e2e": PhaseSpec("e2e", args.publishers, args.consumers, args.messages, window=args.window, **common),
+        "latency": PhaseSpec("latency", 1, 0, args.latency_messages, window=1, **common),
+    }
+    return [specs[name] for name in args.phases.split(",")]
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+    import proton
+
+    return {"cpu": model, "cores": os.cpu_count(), "mem_gib": round(int(mem) / 2**20, 1),
+            "kernel": platform.release(), "python": platform.python_version(),
+            "proton": getattr(proton, "VERSION", None) and ".".join(map(str, proton.VERSION))}
+
+
+def make_target(name: str, args: argparse.Namespace) -> Target:
+    t = SCENARIOS[name]()
+    if name == "ours" and args.ours_arg:
+        t.extra_args = list(args.ours_arg)  # type: ignore[attr-defined]
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = dt.datetime.now(dt.UTC)
+    workdir = Path(tempfile.mkdtemp(prefix="understudy-bench-"))
+    specs = phase_specs(args)
+    runs: list[dict[str, Any]] = []
+    infos: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
+    names = args.targets.split(",")
+    try:
+        for name in names:
+            target = make_target(name, args)
+            print(f"== {name}: starting", file=sys.stderr, flush=True)
+            try:
+                with target:
+                    target.start(workdir)
+                    infos[name] = dataclasses.asdict(target.info())
+                    for rep in range(args.repeat):
+                        for spec in specs:
+                            r = run_phase(target, spec).as_dict()
+                            r["repeat"] = rep
+                            runs.append(r)
+                            print(f"   {name} {spec.name} #{rep + 1}: {r['messages']} msgs, {r['rate']:,.0f} msg/s, "
+                                  f"broker {r['broker_us_per_msg']:.1f} µs/msg"
+                                  + (f", p50 {r['latency_ms']['p50']:.3f} ms" if r["latency_ms"] else "")
+                                  + (f", ERRORS {r['errors']}" if r["errors"] else ""), file=sys.stderr, flush=True)
+            except Exception as e:
+                failures[name] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+    finally:
+        if args.keep_workdir:
+            print(f"work directory kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    kinds = {n: i["kind"] for n, i in infos.items()}
+    table = report.markdown(runs, names, kinds)
+    out = {"started": started.isoformat(), "machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v)
+                                                                           for k, v in vars(args).items()},
+           "targets": infos, "failures": failures, "runs": runs, "table_markdown": table}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(table)
+    print(f"\nresults: {path}")
+    if failures:
+        print(f"failed targets: {failures}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,152 @@
+"""Our broker (`ha-broker`) as benchmark targets: standalone now, replicated (primary + N backups) as a hook.
+
+Readiness is read from the broker's JSON event log (`broker.started` carries the listening address), so a broker
+started with `--port 0` is found without guessing ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import procstat
+from bench.targets import ClientSpec, Target, TargetInfo, free_port
+
+BIN = Path(sys.executable).parent
+
+
+class BrokerProc:
+    """One `ha-broker` process with its own data dir and event log under `workdir`."""
+
+    def __init__(self, workdir: Path, name: str, port: int, extra: list[str] | None = None) -> None:
+        self.name = name
+        self.port = port
+        self.data_dir = workdir / name
+        self.log_file = workdir / f"{name}.log"
+        self.stderr_file = workdir / f"{name}.stderr"
+        self.extra = list(extra or [])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [str(BIN / "ha-broker"), "--host", "127.0.0.1", "--port", str(self.port), "--name", self.name,
+               "--data-dir", str(self.data_dir), "--log-file", str(self.log_file), *self.extra]
+        with open(self.stderr_file, "ab") as err:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+    def wait_event(self, event: str, timeout: float = 30.0) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is None or self.proc.poll() is not None:
+                tail = self.stderr_file.read_text()[-2000:] if self.stderr_file.exists() else ""
+                raise RuntimeError(f"ha-broker {self.name} exited: {tail}")
+            if self.log_file.exists():
+                for line in self.log_file.read_text().splitlines():
+                    if line.startswith("{") and f'"{event}"' in line:
+                        with contextlib.suppress(json.JSONDecodeError):
+                            ev = json.loads(line)
+                            if ev.get("event") == event:
+                                return dict(ev)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ha-broker {self.name}: no {event} after {timeout}s")
+            time.sleep(0.05)
+
+    def pids(self) -> list[int]:
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        return procstat.descendants(self.proc.pid)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class OursStandalone(Target):
+    """One `ha-broker`, no replication."""
+
+    name = "ours"
+
+    def __init__(self, extra_args: list[str] | None = None) -> None:
+        self.extra_args = list(extra_args or [])
+        self.broker: BrokerProc | None = None
+
+    def start(self, workdir: Path) -> None:
+        self.broker = BrokerProc(workdir / self.name, "bench-ours", free_port(), self.extra_args)
+        self.broker.start()
+        try:
+            self.broker.wait_event("broker.started")
+        except Exception:
+            self.broker.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.broker is not None:
+            self.broker.stop()
+
+    def _url(self) -> str:
+        if self.broker is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.broker.url
+
+    def client(self) -> ClientSpec:
+        return ClientSpec(url=self._url())
+
+    def address(self, queue: str) -> str:
+        return queue
+
+    def create_queue(self, queue: str) -> None:
+        from broker.client import ManagementClient
+
+        with ManagementClient(self._url()) as m:
+            m.call("CREATE", "queue", queue, {})
+
+    def delete_queue(self, queue: str) -> None:
+        from broker.client import ManagementClient
+
+        with ManagementClient(self._url()) as m:
+            m.call("DELETE", "queue", queue)
+
+    def pid_groups(self) -> dict[str, list[int]]:
+        return {"broker": self.broker.pids() if self.broker else []}
+
+    def info(self) -> TargetInfo:
+        from broker import __version__
+
+        return TargetInfo(kind="understudy", details={"version": __version__, "replication": "none",
+                                                      "python": sys.version.split()[0]})
+
+
+class OursReplicated(OursStandalone):
+    """HOOK for the lead: a primary plus `backups` backups, clients on the primary.
+
+    To enable once `--ha-cluster` works: start `backups + 1` BrokerProc with
+    `--ha-cluster --ha-brokers-url <all host:port> [--ha-public-url <primary>]`, make one primary (promotion via
+    management or the external coordinator), wait for every backup to report ready (an event in the log, e.g.
+    `ha.backup.ready`), and return every process in `pid_groups` by role ("primary", "backup-1", ...): the report
+    then shows CPU per message for the whole set and per role. create_queue/delete_queue go to the primary and
+    should wait until the backups have the queue. Add "ours-replicated-1"/"ours-replicated-2" to
+    `scenarios.SCENARIOS`.
+    """
+
+    def __init__(self, backups: int) -> None:
+        super().__init__()
+        self.backups = backups
+        self.name = f"ours-replicated-{backups}"
+
+    def start(self, workdir: Path) -> None:
+        raise NotImplementedError("HA replication flags are not available yet; see the class docstring")

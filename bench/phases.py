@@ -1,0 +1,198 @@
+"""The measured phases, each run against one started target with client processes (multiprocessing, spawn).
+
+Timeline of a phase: the parent creates a fresh queue; every client process connects and attaches, then waits at a
+barrier; the parent samples broker and machine CPU and opens the gate; clients run; the phase ends when the
+publishers have every message settled (publish, latency) or when the consumers have received every accepted message
+(end-to-end); the parent samples CPU again. Rates use the parent's gate time and the clients' end times
+(CLOCK_MONOTONIC is system-wide, so times from different processes compare).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bench import procstat, stats
+from bench.client import ConsumeLoop, LoopResult, PublishLoop, encode_message
+from bench.targets import ClientSpec, Target
+
+CTX = mp.get_context("spawn")
+SETUP_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    name: str  # publish | e2e | latency
+    publishers: int
+    consumers: int
+    messages: int  # total over all publishers
+    duration: float | None  # seconds; caps each publisher when set
+    window: int  # unsettled deliveries per publisher (1 = sync)
+    credit: int  # consumer credit window
+    size: int
+    durable: bool
+
+
+@dataclass
+class PhaseResult:
+    target: str
+    phase: str
+    messages: int
+    seconds: float
+    rate: float
+    broker_cpu_seconds: dict[str, float]
+    broker_us_per_msg: float
+    client_processes: int
+    client_cpu_seconds: float
+    client_us_per_msg: float
+    client_max_core_share: float  # busiest client process: CPU seconds / wall seconds (1.0 = a full core)
+    machine_busy_share: float  # whole machine: busy / total over the phase (1.0 = every core busy)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    other_outcomes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Client process entry points (module level so that `spawn` can import them).
+
+def _publisher_main(spec: ClientSpec, address: str, payload: bytes, count: int, duration: float | None,
+                    window: int, barrier: Any, go: Any, results: Any, give_up: float) -> None:
+    def ready() -> None:
+        barrier.wait(SETUP_TIMEOUT)
+        go.wait(SETUP_TIMEOUT)
+
+    loop = PublishLoop(spec, address, payload, count, duration, window, ready, give_up)
+    results.put(("pub", _run(loop)))
+
+
+def _consumer_main(spec: ClientSpec, address: str, credit: int, slot: int, counts: Any, lasts: Any,
+                   barrier: Any, go: Any, stop: Any, results: Any, give_up: float) -> None:
+    def ready() -> None:
+        barrier.wait(SETUP_TIMEOUT)
+        go.wait(SETUP_TIMEOUT)
+
+    def report(n: int, t: float) -> None:
+        counts[slot] = n
+        lasts[slot] = t
+
+    loop = ConsumeLoop(spec, address, credit, ready, stop.is_set, report, give_up)
+    results.put(("con", _run(loop)))
+
+
+def _run(loop: PublishLoop | ConsumeLoop) -> LoopResult:
+    try:
+        return loop.run()
+    except Exception as e:  # report, never hang the parent
+        loop.result.error = f"{type(e).__name__}: {e}"
+        return loop.result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def _broker_cpu(target: Target) -> dict[str, float]:
+    return {role: procstat.cpu_seconds(pids) for role, pids in target.pid_groups().items()}
+
+
+def run_phase(target: Target, spec: PhaseSpec, give_up: float = 600.0) -> PhaseResult:
+    qname = f"bench-{spec.name}-{uuid.uuid4().hex[:8]}"
+    target.create_queue(qname)
+    try:
+        return _run_phase(target, spec, qname, give_up)
+    finally:
+        target.delete_queue(qname)
+
+
+def _run_phase(target: Target, spec: PhaseSpec, qname: str, give_up: float) -> PhaseResult:
+    client = target.client()
+    address = target.address(qname)
+    payload = encode_message(spec.size, spec.durable)
+    n = spec.publishers + spec.consumers
+    barrier, go, stop = CTX.Barrier(n + 1), CTX.Event(), CTX.Event()
+    results = CTX.Queue()
+    counts = CTX.RawArray("q", max(1, spec.consumers))
+    lasts = CTX.RawArray("d", max(1, spec.consumers))
+    per_pub = [spec.messages // spec.publishers + (1 if i < spec.messages % spec.publishers else 0)
+               for i in range(spec.publishers)]
+    procs = [CTX.Process(target=_publisher_main, daemon=True,
+                         args=(client, address, payload, per_pub[i], spec.duration, spec.window, barrier, go,
+                               results, give_up)) for i in range(spec.publishers)]
+    procs += [CTX.Process(target=_consumer_main, daemon=True,
+                          args=(client, address, spec.credit, i, counts, lasts, barrier, go, stop, results, give_up))
+              for i in range(spec.consumers)]
+    errors: list[str] = []
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(SETUP_TIMEOUT)
+        cpu0, m0 = _broker_cpu(target), procstat.machine_busy()
+        t0 = time.monotonic()
+        go.set()
+        early: list[LoopResult] = []
+        pubs = [_take(results, "pub", give_up, errors, early) for _ in range(spec.publishers)]
+        accepted = sum(r.accepted for r in pubs)
+        if spec.consumers:
+            _wait_received(counts, accepted, give_up, errors, procs[spec.publishers:])
+            t_end = max(lasts[:])
+        else:
+            t_end = max(r.end for r in pubs)
+        cpu1, m1 = _broker_cpu(target), procstat.machine_busy()
+        stop.set()
+        cons = early + [_take(results, "con", 60.0, errors, early) for _ in range(spec.consumers - len(early))]
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    loops = pubs + cons
+    errors += [r.error for r in loops if r.error]
+    seconds = t_end - t0
+    client_cpu = sum(r.cpu_seconds for r in loops)
+    broker_cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
+    lat = [x for r in pubs for x in r.latencies]
+    latency = {}
+    if lat:
+        latency = {"p50": stats.percentile(lat, 50) * 1e3, "p99": stats.percentile(lat, 99) * 1e3,
+                   "mean": sum(lat) / len(lat) * 1e3, "samples": float(len(lat))}
+    return PhaseResult(
+        target=target.name, phase=spec.name, messages=accepted, seconds=seconds,
+        rate=stats.rate(accepted, seconds), broker_cpu_seconds=broker_cpu,
+        broker_us_per_msg=stats.per_message_us(sum(broker_cpu.values()), accepted),
+        client_processes=len(loops), client_cpu_seconds=client_cpu,
+        client_us_per_msg=stats.per_message_us(client_cpu, accepted),
+        client_max_core_share=max((r.cpu_seconds / seconds for r in loops), default=0.0) if seconds > 0 else 0.0,
+        machine_busy_share=(m1[0] - m0[0]) / (m1[1] - m0[1]) if m1[1] > m0[1] else 0.0,
+        latency_ms=latency, other_outcomes=sum(r.other_outcomes for r in pubs), errors=errors,
+    )
+
+
+def _take(results: Any, kind: str, timeout: float, errors: list[str], early: list[LoopResult]) -> LoopResult:
+    """The next result of `kind`; a consumer result arriving first (it failed early) is kept in `early`."""
+    while True:
+        try:
+            got_kind, r = results.get(timeout=timeout)
+        except queue_mod.Empty:
+            errors.append(f"no result from a {kind} process within {timeout}s")
+            return LoopResult(error="missing")
+        if got_kind == kind:
+            return r  # type: ignore[no-any-return]
+        early.append(r)
+
+
+def _wait_received(counts: Any, expected: int, timeout: float, errors: list[str], consumers: list[Any]) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(counts[:]) < expected:
+        if not any(p.is_alive() for p in consumers):
+            errors.append(f"every consumer ended after {sum(counts[:])} of {expected} messages")
+            return
+        if time.monotonic() > deadline:
+            errors.append(f"consumers got {sum(counts[:])} of {expected} within {timeout}s")
+            return
+        time.sleep(0.005)

@@ -1,0 +1,190 @@
+"""RabbitMQ 3.10 (Debian `rabbitmq-server`) as the comparison target: one node on 127.0.0.1 with the AMQP 1.0 plugin.
+
+The node gets its own RABBITMQ_* directories, ports and epmd (on a private ERL_EPMD_PORT, so the epmd we stop is ours
+and nobody else's). Queues are declared over AMQP 0-9-1 with pika (the only way to ask for a quorum queue) and
+addressed over AMQP 1.0 as `/amq/queue/NAME`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import procstat
+from bench.targets import ClientSpec, Target, TargetInfo, free_port
+
+RABBIT_HOME = Path("/usr/lib/rabbitmq/lib")
+USER, PASSWORD = "guest", "guest"  # the default user, allowed from loopback only
+
+
+def rabbit_sbin() -> Path:
+    found = sorted(RABBIT_HOME.glob("rabbitmq_server-3.*/sbin/rabbitmq-server"))
+    if not found:
+        raise RuntimeError("RabbitMQ is not installed: apt-get install rabbitmq-server (Debian 3.10)")
+    return found[-1]
+
+
+class RabbitNode:
+    """One RabbitMQ node process tree (the rabbitmq-server shell, erl/beam.smp, helpers) plus its epmd."""
+
+    def __init__(self, workdir: Path, name: str = "bench") -> None:
+        self.workdir = workdir / f"rabbit-{name}"
+        self.nodename = f"{name}{os.getpid()}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.epmd_pid: int | None = None
+
+    def env(self) -> dict[str, str]:
+        w = self.workdir
+        plugins = w / "enabled_plugins"
+        plugins.write_text("[rabbitmq_amqp1_0].\n")
+        conf = w / "rabbitmq.conf"
+        conf.write_text("loopback_users = none\n" "log.console = false\n" "log.file.level = warning\n")
+        env = dict(os.environ)
+        env.update(
+            HOME=str(w / "home"),
+            RABBITMQ_NODENAME=self.nodename,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(w / "mnesia"),
+            RABBITMQ_LOG_BASE=str(w / "log"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(plugins),
+            RABBITMQ_CONFIG_FILE=str(conf),
+            RABBITMQ_CONF_ENV_FILE=str(w / "rabbitmq-env.conf"),  # absent: ignore /etc/rabbitmq's
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(w / "advanced.config"),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            ERL_EPMD_PORT=str(self.epmd_port),
+        )
+        return env
+
+    def start(self, timeout: float = 90.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "home").mkdir(exist_ok=True)
+        env = self.env()
+        log = open(self.workdir / "stdout.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen([str(rabbit_sbin())], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not self._accepts_amqp091():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rabbitmq-server exited with {self.proc.returncode}; see {self.workdir}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rabbitmq-server not ready after {timeout}s; see {self.workdir}")
+            time.sleep(0.5)
+        self.epmd_pid = self._find_epmd()
+
+    def _accepts_amqp091(self) -> bool:
+        import pika
+
+        try:
+            conn = pika.BlockingConnection(self.pika_params())
+        except Exception:
+            return False
+        conn.close()
+        return True
+
+    def pika_params(self) -> Any:
+        import pika
+
+        return pika.ConnectionParameters("127.0.0.1", self.port, credentials=pika.PlainCredentials(USER, PASSWORD),
+                                         connection_attempts=1, socket_timeout=2)
+
+    def _find_epmd(self) -> int | None:
+        for s in procstat.all_stats():
+            if s.comm == "epmd" and procstat.environ(s.pid).get("ERL_EPMD_PORT") == str(self.epmd_port):
+                return s.pid
+        return None
+
+    def pids(self) -> list[int]:
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        return procstat.descendants(self.proc.pid)
+
+    def beam_pids(self) -> list[int]:
+        return [p for p in self.pids() if (s := procstat.read_stat(p)) is not None and s.comm.startswith("beam")]
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # SIGTERM to the VM stops it cleanly (init:stop); the wrapper shell then exits on its own.
+            for p in self.beam_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.epmd_pid is None:
+            self.epmd_pid = self._find_epmd()
+        if self.epmd_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.epmd_pid, signal.SIGTERM)
+            self.epmd_pid = None
+
+    def version(self) -> str:
+        return rabbit_sbin().parent.parent.name.split("-", 1)[-1]
+
+
+class RabbitTarget(Target):
+    """A single RabbitMQ node; `queue_type` is "classic" or "quorum" (declared via AMQP 0-9-1)."""
+
+    def __init__(self, queue_type: str) -> None:
+        self.queue_type = queue_type
+        self.name = f"rabbit-{queue_type}"
+        self.node: RabbitNode | None = None
+
+    def start(self, workdir: Path) -> None:
+        self.node = RabbitNode(workdir, name=self.name.replace("-", ""))
+        try:
+            self.node.start()
+        except Exception:
+            self.node.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+
+    def _node(self) -> RabbitNode:
+        if self.node is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.node
+
+    def client(self) -> ClientSpec:
+        return ClientSpec(url=f"127.0.0.1:{self._node().port}", user=USER, password=PASSWORD)
+
+    def address(self, queue: str) -> str:
+        return f"/amq/queue/{queue}"
+
+    def _channel_do(self, fn: Any) -> None:
+        import pika
+
+        conn = pika.BlockingConnection(self._node().pika_params())
+        try:
+            fn(conn.channel())
+        finally:
+            conn.close()
+
+    def create_queue(self, queue: str) -> None:
+        args = {"x-queue-type": self.queue_type}
+        self._channel_do(lambda ch: ch.queue_declare(queue, durable=True, arguments=args))
+
+    def delete_queue(self, queue: str) -> None:
+        self._channel_do(lambda ch: ch.queue_delete(queue))
+
+    def pid_groups(self) -> dict[str, list[int]]:
+        return {"node": self._node().pids()}
+
+    def info(self) -> TargetInfo:
+        return TargetInfo(kind="rabbitmq", details={"version": self._node().version(), "queue_type": self.queue_type,
+                                                    "nodes": 1, "protocol": "AMQP 1.0 (rabbitmq_amqp1_0)"})
