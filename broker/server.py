@@ -199,9 +199,19 @@ class Server:
             self.acceptor.close()
         for c in list(self.conns):
             if c.state & Endpoint.LOCAL_ACTIVE:
+                c.condition = Condition("amqp:connection:forced", f"broker shutting down ({reason})")
                 c.close()
         self._flush_settled_log(force=True)
         self.injector.close()
+        self._stop_when_flushed(time.monotonic() + 2.0)
+
+    def _stop_when_flushed(self, deadline: float) -> None:
+        """Stop the reactor once every client has been sent its close frame (or at the deadline): clients learn
+        at once that the broker went away, instead of from a dropped socket."""
+        unsent = [c for c in self.conns if c.transport is not None and c.transport.pending() > 0]
+        if unsent and time.monotonic() < deadline:
+            self.schedule(0.02, lambda: self._stop_when_flushed(deadline))
+            return
         assert self.container is not None
         self.container.stop()
 
