@@ -40,7 +40,7 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
     """The cluster view: the asked broker's status, completed by the primary's (backlog/lag) and, with
     `all_members`, by each member's own answer."""
     st = fetch(url, timeout, user, password)
-    view = {
+    view: dict[str, Any] = {
         "queried": url,
         "brokers_url": st.get("brokers_url"),
         "public_url": st.get("public_url"),
