@@ -84,7 +84,7 @@ def machine() -> dict[str, Any]:
 
 def make_target(name: str, args: argparse.Namespace) -> Target:
     t = SCENARIOS[name]()
-    if name == "ours" and args.ours_arg:
+    if name.startswith("ours") and args.ours_arg:
         t.extra_args = list(args.ours_arg)  # type: ignore[attr-defined]
     return t
 

@@ -7,11 +7,13 @@ started with `--port 0` is found without guessing ports.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import procstat
@@ -132,21 +134,82 @@ class OursStandalone(Target):
 
 
 class OursReplicated(OursStandalone):
-    """HOOK for the lead: a primary plus `backups` backups, clients on the primary.
+    """A primary plus `backups` ready backups (`--ha-cluster`), clients on the primary.
 
-    To enable once `--ha-cluster` works: start `backups + 1` BrokerProc with
-    `--ha-cluster --ha-brokers-url <all host:port> [--ha-public-url <primary>]`, make one primary (promotion via
-    management or the external coordinator), wait for every backup to report ready (an event in the log, e.g.
-    `ha.backup.ready`), and return every process in `pid_groups` by role ("primary", "backup-1", ...): the report
-    then shows CPU per message for the whole set and per role. create_queue/delete_queue go to the primary and
-    should wait until the backups have the queue. Add "ours-replicated-1"/"ours-replicated-2" to
-    `scenarios.SCENARIOS`.
+    Broker CPU is reported per role ("primary", "backup-1", ...) and summed: the per-message figure is the cost of
+    the whole replicated set. A queue is created on the primary and the phase starts only once every backup has it.
     """
 
-    def __init__(self, backups: int) -> None:
-        super().__init__()
+    def __init__(self, backups: int, extra_args: list[str] | None = None) -> None:
+        super().__init__(extra_args)
         self.backups = backups
         self.name = f"ours-replicated-{backups}"
+        self.members: list[BrokerProc] = []
 
     def start(self, workdir: Path) -> None:
-        raise NotImplementedError("HA replication flags are not available yet; see the class docstring")
+        ports = [free_port() for _ in range(self.backups + 1)]
+        flags = ["--ha-cluster", "--ha-brokers-url", ",".join(f"127.0.0.1:{p}" for p in ports), *self.extra_args]
+        self.members = [BrokerProc(workdir / self.name, f"{self.name}-b{i}", p, flags) for i, p in enumerate(ports)]
+        self.broker = self.members[0]
+        try:
+            for b in self.members:
+                b.start()
+            for b in self.members:
+                b.wait_event("broker.started")
+            subprocess.run([str(BIN / "ha-admin"), "--broker", self.members[0].url, "promote"], check=True,
+                           capture_output=True, timeout=60)
+            _wait_state(self.members[0].url, "active")
+            for b in self.members[1:]:
+                _wait_state(b.url, "ready")
+        except Exception:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for b in reversed(self.members):
+            b.stop()
+
+    def create_queue(self, queue: str) -> None:
+        super().create_queue(queue)
+        for b in self.members[1:]:
+            _wait_until(functools.partial(_has_queue, b.url, queue), f"{queue} on backup {b.name}")
+
+    def pid_groups(self) -> dict[str, list[int]]:
+        return {("primary" if i == 0 else f"backup-{i}"): b.pids() for i, b in enumerate(self.members)}
+
+    def info(self) -> TargetInfo:
+        i = super().info()
+        i.details["replication"] = f"primary + {self.backups} backup(s)"
+        return i
+
+
+def _wait_until(pred: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _ha_state(url: str) -> str | None:
+    from broker.client import ManagementClient, ManagementError
+
+    try:
+        with ManagementClient(url, timeout=5.0) as m:
+            return str(m.call("STATUS", "ha-broker").body["state"])
+    except (ManagementError, OSError, KeyError):
+        return None
+
+
+def _wait_state(url: str, state: str) -> None:
+    _wait_until(lambda: _ha_state(url) == state, f"{url} to be {state}")
+
+
+def _has_queue(url: str, queue: str) -> bool:
+    from broker.client import ManagementClient, ManagementError
+
+    try:
+        with ManagementClient(url, timeout=5.0) as m:
+            return m.request("READ", "queue", queue).status == 200
+    except (ManagementError, OSError):
+        return False

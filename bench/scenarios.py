@@ -12,9 +12,9 @@ SCENARIOS: dict[str, Callable[[], Target]] = {
     "ours": OursStandalone,
     "rabbit-classic": lambda: RabbitTarget("classic"),
     "rabbit-quorum": lambda: RabbitTarget("quorum"),
-    # HA hook: available once `ha-broker --ha-cluster` lands; see OursReplicated.
+    # replicated: primary + N backups (clients on the primary)
     "ours-replicated-1": lambda: OursReplicated(1),
     "ours-replicated-2": lambda: OursReplicated(2),
 }
-DEFAULT = ["ours", "rabbit-classic", "rabbit-quorum"]
+DEFAULT = ["ours", "ours-replicated-1", "ours-replicated-2", "rabbit-classic", "rabbit-quorum"]
 BASELINE = "rabbit-classic"
