@@ -11,11 +11,12 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import procstat, report
 from bench.phases import PhaseSpec, run_phase
 from bench.scenarios import DEFAULT, SCENARIOS
 from bench.targets import Target
@@ -82,6 +83,14 @@ def machine() -> dict[str, Any]:
             "proton": getattr(proton, "VERSION", None) and ".".join(map(str, proton.VERSION))}
 
 
+def background_busy_share(seconds: float = 1.0) -> float:
+    """Share of the machine's CPU busy with other work while the bench is idle (other jobs skew every figure)."""
+    b0, t0 = procstat.machine_busy()
+    time.sleep(seconds)
+    b1, t1 = procstat.machine_busy()
+    return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+
 def make_target(name: str, args: argparse.Namespace) -> Target:
     t = SCENARIOS[name]()
     if name.startswith("ours") and args.ours_arg:
@@ -101,11 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for name in names:
             target = make_target(name, args)
-            print(f"== {name}: starting", file=sys.stderr, flush=True)
+            background = background_busy_share()
+            print(f"== {name}: starting (machine busy before start: {background:.0%})", file=sys.stderr, flush=True)
             try:
                 with target:
                     target.start(workdir)
                     infos[name] = dataclasses.asdict(target.info())
+                    infos[name]["background_busy_share"] = background
                     for rep in range(args.repeat):
                         for spec in specs:
                             r = run_phase(target, spec).as_dict()

@@ -27,9 +27,11 @@ METRICS = [
     Metric("broker CPU per msg, e2e, µs", "e2e", "broker_us_per_msg", False),
     Metric("broker CPU per msg, sync, µs", "latency", "broker_us_per_msg", False),
 ]
-LOADGEN_KEYS = [("client procs", "client_processes"), ("client CPU µs/msg", "client_us_per_msg"),
+LOADGEN_KEYS = [("client procs", "client_processes"), ("messages", "messages"), ("seconds", "seconds"), ("client CPU µs/msg", "client_us_per_msg"),
                 ("busiest client, core share", "client_max_core_share"),
                 ("machine busy share", "machine_busy_share")]
+
+INTEGER_KEYS = {"client_processes", "messages"}
 
 
 def _get(row: dict[str, Any], key: str) -> float:
@@ -52,9 +54,11 @@ def summarize(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, 
     return out
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float, integer: bool = False) -> str:
     if math.isnan(v):
         return "n/a"
+    if integer:
+        return f"{v:.0f}"
     if abs(v) >= 100:
         return f"{v:,.0f}"
     if abs(v) >= 10:
@@ -105,7 +109,7 @@ def _loadgen_table(summary: dict[str, dict[str, dict[str, float]]], targets: Seq
         for phase in ("publish", "e2e", "latency"):
             v = summary.get(t, {}).get(phase)
             if v:
-                rows.append([t, phase, *[_fmt(v[k]) for _, k in LOADGEN_KEYS]])
+                rows.append([t, phase, *[_fmt(v[k], integer=k in INTEGER_KEYS) for _, k in LOADGEN_KEYS]])
     return _table(["target", "phase", *[label for label, _ in LOADGEN_KEYS]], rows)
 
 

@@ -1,0 +1,94 @@
+"""Unit tests of the bench's pure parts: /proc parsing, statistics, the report. Run: .venv/bin/pytest bench/tests"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+
+from bench import procstat, report, stats
+
+# fields 1..17 of a real-looking stat line; comm has a space and a ')' inside
+STAT = "4242 (beam.smp (x) y) S 4200 4242 4242 0 -1 4194560 100 0 0 0 1234 567 0 0 20 0 30 0 99 0"
+
+
+def test_parse_stat_handles_parentheses_in_comm() -> None:
+    s = procstat.parse_stat(STAT)
+    assert (s.pid, s.comm, s.ppid, s.ticks) == (4242, "beam.smp (x) y", 4200, 1234 + 567)
+
+
+def test_machine_ticks_busy_excludes_idle_and_iowait() -> None:
+    busy, total = procstat.machine_ticks("cpu  10 1 5 100 4 0 2 0 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    assert (busy, total) == (10 + 1 + 5 + 2, 122)
+
+
+def test_descendants_walks_the_whole_tree_only() -> None:
+    mk = lambda pid, ppid: procstat.StatLine(pid, "p", ppid, 0)  # noqa: E731
+    tree = [mk(1, 0), mk(10, 1), mk(11, 10), mk(12, 11), mk(13, 10), mk(20, 1)]
+    assert sorted(procstat.descendants(10, tree)) == [10, 11, 12, 13]
+
+
+def test_cpu_seconds_of_a_real_busy_process_grows() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while procstat.cpu_seconds([child.pid]) < 0.1:
+            assert time.monotonic() < deadline, "a spinning process never accumulated 0.1 s of CPU"
+            time.sleep(0.05)
+    finally:
+        child.kill()
+        child.wait()
+    assert procstat.cpu_seconds([child.pid]) == 0.0  # gone: counts nothing, raises nothing
+
+
+def test_percentile_is_nearest_rank() -> None:
+    vals = [float(v) for v in range(100, 0, -1)]  # 1..100, unsorted
+    assert stats.percentile(vals, 50) == 50.0
+    assert stats.percentile(vals, 99) == 99.0
+    assert stats.percentile(vals, 100) == 100.0
+    assert math.isnan(stats.percentile([], 50))
+
+
+def test_ratio_and_per_message_guard_against_zero() -> None:
+    assert stats.ratio(10.0, 4.0) == 2.5
+    assert math.isnan(stats.ratio(1.0, 0.0))
+    assert stats.per_message_us(0.5, 1000) == 500.0
+    assert math.isnan(stats.per_message_us(0.5, 0))
+
+
+def _run(target: str, phase: str, rate: float, cpu_us: float, repeat: int = 0) -> dict[str, object]:
+    return {"target": target, "phase": phase, "rate": rate, "broker_us_per_msg": cpu_us, "repeat": repeat,
+            "latency_ms": {}, "client_processes": 4, "messages": 1000, "seconds": 1.0, "client_us_per_msg": 30.0,
+            "client_max_core_share": 0.3, "machine_busy_share": 0.9}
+
+
+def test_summary_takes_the_median_of_repeats() -> None:
+    runs = [_run("ours", "e2e", r, 50.0, i) for i, r in enumerate([100.0, 300.0, 200.0])]
+    assert report.summarize(runs, ["rate"])["ours"]["e2e"]["rate"] == 200.0
+
+
+def test_markdown_shows_ratio_ours_over_rabbit_and_goal_verdicts() -> None:
+    runs = [_run("ours", "e2e", 6000.0, 40.0), _run("rabbit-classic", "e2e", 3000.0, 80.0)]
+    kinds = {"ours": "understudy", "rabbit-classic": "rabbitmq"}
+    md = report.markdown(runs, ["ours", "rabbit-classic"], kinds)
+    e2e_row = next(line for line in md.splitlines() if line.startswith("| end-to-end"))
+    assert e2e_row.split("|")[1:-1] == [" end-to-end, msg/s ", " 6,000 ", " 3,000 ", " 2.00 "]
+    assert "ours / rabbit-classic" in md
+    assert "Goal end-to-end throughput >= rabbit-classic: 6,000 vs 3,000 msg/s -> met" in md
+    assert "Goal broker CPU per message (e2e) <= rabbit-classic: 40.0 vs 80.0 µs -> met" in md
+
+
+def test_goal_not_met_is_said_plainly() -> None:
+    runs = [_run("ours", "e2e", 1000.0, 120.0), _run("rabbit-classic", "e2e", 3000.0, 80.0)]
+    md = report.markdown(runs, ["ours", "rabbit-classic"], {"ours": "understudy", "rabbit-classic": "rabbitmq"})
+    assert "-> NOT met (ratio 1.50)" in md
+    assert "-> NOT met (ratio 0.33)" in md
+
+
+def test_ratio_pairs_compare_every_ours_target_with_every_rabbit_target() -> None:
+    kinds = {"ours": "understudy", "ours-replicated-1": "understudy", "rabbit-classic": "rabbitmq",
+             "rabbit-quorum": "rabbitmq"}
+    assert report.ratio_pairs(list(kinds), kinds) == [
+        ("ours", "rabbit-classic"), ("ours", "rabbit-quorum"),
+        ("ours-replicated-1", "rabbit-classic"), ("ours-replicated-1", "rabbit-quorum")]
