@@ -108,7 +108,7 @@ def take(r: BlockingReceiver, until: Any, timeout: float = 10.0) -> list[dict[st
     out: list[dict[str, Any]] = []
     while True:
         m = r.receive(timeout)
-        ev = dict(m.properties or {})
+        ev: dict[str, Any] = dict(m.properties or {})
         ev["subject"] = m.subject
         ev["body"] = m.body
         out.append(ev)
