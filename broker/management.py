@@ -65,11 +65,12 @@ class Management:
                 return fn(req)
             except WiringError as e:
                 return Response(e.status, str(e))
+        ext_types = {t for t, _ in self.extensions}
+        if req.type not in TYPES:
+            known = sorted(set(TYPES) | ext_types)
+            return Response(400, f"unknown type {req.type!r} (expected one of {', '.join(known)})")
         if op not in OPERATIONS:
             return Response(400, f"unknown operation {req.operation!r} (expected one of {', '.join(OPERATIONS)})")
-        if req.type not in TYPES:
-            known = sorted(set(TYPES) | {t for t, _ in self.extensions})
-            return Response(400, f"unknown type {req.type!r} (expected one of {', '.join(known)})")
         if op in WRITES and not req.admin:
             return Response(403, f"{op} needs the admin role")
         if req.body is not None and not isinstance(req.body, dict):

@@ -1,0 +1,78 @@
+"""The operator commands: ha-status, ha-admin, understudy-cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support.cluster import Cluster, free_ports
+from tests.support.procs import BIN, BrokerFactory
+
+Make = Callable[..., Cluster]
+
+
+def run(*cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / cmd[0]), *cmd[1:]], capture_output=True, text=True, timeout=timeout)
+
+
+def test_ha_status_json_has_stable_fields_and_table_shows_every_member(cluster: Make) -> None:
+    c = cluster(3)
+    c.start_with_primary(0)
+    r = run("ha-status", "--broker", c[2].url, "-f", "json", "--all")
+    assert r.returncode == 0, r.stderr
+    view = json.loads(r.stdout)
+    assert view["brokers_url"] == c.brokers_url and view["epoch"] == 1
+    rows = {m["name"]: m for m in view["members"]}
+    assert set(rows) == {"b1", "b2", "b3"}
+    assert rows["b1"]["role"] == "primary" and rows["b1"]["state"] == "active"
+    for b in ("b2", "b3"):
+        assert rows[b]["role"] == "backup" and rows[b]["state"] == "ready"
+        assert rows[b]["backlog"] == 0 and rows[b]["lag_ms"] == 0.0
+        assert rows[b]["epoch"] == 1
+    table = run("ha-status", "--broker", c[1].url)
+    assert table.returncode == 0
+    for name in ("b1", "b2", "b3", "primary", "active", "ready"):
+        assert name in table.stdout
+
+
+def test_ha_admin_errors_are_one_line_with_exit_1(cluster: Make, brokers: BrokerFactory) -> None:
+    (dead,) = free_ports(1)
+    r = run("ha-admin", "--broker", f"127.0.0.1:{dead}", "--timeout", "2", "ping")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cannot reach" in r.stderr
+    plain = brokers(name="plain")  # not an HA broker
+    r = run("ha-admin", "--broker", plain.url, "query")
+    assert r.returncode == 1 and "not an HA broker" in r.stderr
+    r = run("ha-status", "--broker", f"127.0.0.1:{dead}", "--timeout", "2")
+    assert r.returncode == 1 and "ha-status:" in r.stderr
+    c = cluster(2)
+    c.start_with_primary(0)
+    r = run("ha-admin", "--broker", c[1].url, "demote")
+    assert r.returncode == 1 and "not a primary" in r.stderr
+    r = run("ha-admin", "--broker", c[0].url, "replicate", "nosuchqueue")
+    assert r.returncode == 1 and "not found" in r.stderr
+    q = json.loads(run("ha-admin", "--broker", c[1].url, "query").stdout)
+    assert q["role"] == "backup" and q["state"] == "ready" and q["name"] == "b2"
+
+
+def test_demote_returns_primary_to_backup_and_another_can_take_over(cluster: Make) -> None:
+    c = cluster(2)
+    c.start_with_primary(0)
+    assert run("ha-admin", "--broker", c[0].url, "demote").returncode == 0
+    c.wait_state(0, "joining", "catchup", "ready")
+    c.promote(1)
+    c.wait_state(1, "active")
+    c.wait_state(0, "ready")
+    assert Cluster.status(c[0])["epoch"] == 2
+
+
+def test_understudy_cluster_starts_a_working_local_cluster(tmp_path: Path) -> None:
+    base = free_ports(1)[0]
+    if base > 65000:
+        base -= 1000
+    r = run("understudy-cluster", "--data-dir", str(tmp_path), "--base-port", str(base), "--once", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "READY: clients use the URL list" in r.stderr
+    assert "primary" in r.stderr and r.stderr.count("ready") >= 2
+    assert (tmp_path / "broker1" / "events.log").exists()
