@@ -10,8 +10,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # Debian packages. The runtime set builds qpid-proton with Cyrus SASL (PLAIN with a users file).
 RUNTIME_DEBS=(gcc python3-dev python3-venv libsasl2-dev sasl2-bin libsasl2-modules libssl-dev pkg-config)
 TEST_DEBS=(pacemaker corosync pcs resource-agents pacemaker-cli-utils libxml2-utils zookeeper
-           iproute2 iptables iputils-ping iputils-arping procps psmisc nodejs npm chromium
-           default-jre-headless)
+           iproute2 iptables iputils-ping iputils-arping procps psmisc chromium)
 NO_RECOMMENDS_DEBS=(vagrant)
 
 need_debs() {
@@ -41,6 +40,9 @@ setup_runtime_debs() { DEBS=("${RUNTIME_DEBS[@]}"); install_debs; }
 setup_test_debs() {
     DEBS=("${RUNTIME_DEBS[@]}" "${TEST_DEBS[@]}"); install_debs
     DEBS=("${NO_RECOMMENDS_DEBS[@]}"); install_debs --no-install-recommends
+    # Java (ZooKeeper, Spark) and Node.js (rhea interop) may come from elsewhere than Debian: only add if absent.
+    if ! command -v java >/dev/null; then DEBS=(default-jre-headless); install_debs; fi
+    if ! command -v npm >/dev/null; then DEBS=(nodejs npm); install_debs; fi
 }
 
 # pip install into .venv, only when pyproject.toml changed since the last install.
