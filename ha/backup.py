@@ -265,13 +265,13 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             self._ensure_exchange(name, x.get("exchange-type", "direct"), x.get("arguments") or {}, x.get("uuid"))
         want_q = {}
         for q in queues:
-            if P.replicate_level(q.get("arguments") or {}, bool(q.get("temporary")), default) != "none":
+            if P.described_queue_level(q, default) != "none":
                 want_q[q["name"]] = q
         for name, q in want_q.items():
             self._ensure_queue(name, q.get("arguments") or {}, q.get("uuid"), bool(q.get("temporary")))
         # Replicated objects the primary no longer has.
         for name, lq in list(w.queues.items()):
-            if name not in want_q and P.queue_level(lq, default) != "none" and not lq.temporary:
+            if name not in want_q and P.queue_level(lq, default) != "none":
                 w.delete_queue(name)
         for name, lx in list(w.exchanges.items()):
             if name not in want_x and P.replicate_level(lx.arguments, False, default) != "none":
@@ -372,7 +372,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         default = self.node.default_level
         if type_ == "queue":
             if kind == "declared":
-                if P.replicate_level(a.get("arguments") or {}, bool(a.get("temporary")), default) == "none":
+                if P.described_queue_level(a, default) == "none":
                     return
                 self._ensure_queue(name, a.get("arguments") or {}, a.get("uuid"), bool(a.get("temporary")))
                 q = w.queues.get(name)

@@ -58,6 +58,14 @@ def queue_level(q: Queue, default: str) -> str:
     return replicate_level(q.arguments, temporary, default)
 
 
+def described_queue_level(attributes: Mapping[str, Any], default: str) -> str:
+    """The level of a queue as a QUERY row or a wiring event describes it (the same rule as `queue_level`):
+    a queue declared exclusive + auto-delete through management is as temporary as a dynamic one."""
+    args = attributes.get("arguments") or {}
+    temporary = bool(attributes.get("temporary")) or (args.get("exclusive") is True and args.get("auto-delete") is True)
+    return replicate_level(args, temporary, default)
+
+
 def redirect_info(url: str | None) -> dict[str, Any] | None:
     """`amqp:connection:redirect` info for the first host:port of `url`."""
     if not url:
