@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--consumers", type=int, default=2, help="consumer processes in the e2e phase [2]")
     p.add_argument("--window", type=int, default=200, help="unsettled messages in flight per publisher [200]")
     p.add_argument("--credit", type=int, default=200, help="credit window per consumer [200]")
+    p.add_argument("--nice", type=int, default=-10,
+                   help="nice value for broker threads and client processes during phases, so that other jobs on "
+                        "the machine disturb less (needs root; 0 = leave alone) [-10]")
     p.add_argument("--repeat", type=int, help="run each phase this many times per target (medians are reported)")
     p.add_argument("--ours-arg", action="append", default=[], help="extra ha-broker flag (repeatable)")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results [bench/results]")
@@ -60,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def phase_specs(args: argparse.Namespace) -> list[PhaseSpec]:
-    common = {"duration": args.duration, "size": args.size, "durable": args.durable, "credit": args.credit}
+    common = {"duration": args.duration, "size": args.size, "durable": args.durable, "credit": args.credit,
+              "nice": args.nice}
     specs = {
         "publish": PhaseSpec("publish", args.publishers, 0, args.messages, window=args.window, **common),
         "e2e": PhaseSpec("e2e", args.publishers, args.consumers, args.messages, window=args.window, **common),

@@ -35,6 +35,7 @@ class PhaseSpec:
     credit: int  # consumer credit window
     size: int
     durable: bool
+    nice: int = 0  # applied to every broker thread and client process before the gate opens (0 = leave alone)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class PhaseResult:
     rate: float
     broker_cpu_seconds: dict[str, float]
     broker_us_per_msg: float
+    broker_core_share: float  # broker CPU seconds / wall seconds (1.0 = one full core)
     client_processes: int
     client_cpu_seconds: float
     client_us_per_msg: float
@@ -131,6 +133,9 @@ def _run_phase(target: Target, spec: PhaseSpec, qname: str, give_up: float) -> P
         p.start()
     try:
         barrier.wait(SETUP_TIMEOUT)
+        if spec.nice:
+            broker_pids = [p for pids in target.pid_groups().values() for p in pids]
+            procstat.renice(broker_pids + [p.pid for p in procs if p.pid is not None], spec.nice)
         cpu0, m0 = _broker_cpu(target), procstat.machine_busy()
         t0 = time.monotonic()
         go.set()
@@ -165,6 +170,7 @@ def _run_phase(target: Target, spec: PhaseSpec, qname: str, give_up: float) -> P
         target=target.name, phase=spec.name, messages=accepted, seconds=seconds,
         rate=stats.rate(accepted, seconds), broker_cpu_seconds=broker_cpu,
         broker_us_per_msg=stats.per_message_us(sum(broker_cpu.values()), accepted),
+        broker_core_share=sum(broker_cpu.values()) / seconds if seconds > 0 else 0.0,
         client_processes=len(loops), client_cpu_seconds=client_cpu,
         client_us_per_msg=stats.per_message_us(client_cpu, accepted),
         client_max_core_share=max((r.cpu_seconds / seconds for r in loops), default=0.0) if seconds > 0 else 0.0,

@@ -99,3 +99,21 @@ def environ(pid: int) -> dict[str, str]:
         if sep:
             out[k.decode(errors="replace")] = v.decode(errors="replace")
     return out
+
+
+
+def renice(pids: list[int], nice: int) -> int:
+    """Set the nice value of every thread of the given processes (nice is per thread on Linux); returns count."""
+    n = 0
+    for p in pids:
+        try:
+            tids = [int(t.name) for t in (PROC / str(p) / "task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                n += 1
+            except OSError:
+                pass
+    return n

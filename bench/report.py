@@ -29,7 +29,7 @@ METRICS = [
 ]
 LOADGEN_KEYS = [("client procs", "client_processes"), ("messages", "messages"), ("seconds", "seconds"), ("client CPU µs/msg", "client_us_per_msg"),
                 ("busiest client, core share", "client_max_core_share"),
-                ("machine busy share", "machine_busy_share")]
+                ("broker core share", "broker_core_share"), ("machine busy share", "machine_busy_share")]
 
 INTEGER_KEYS = {"client_processes", "messages"}
 

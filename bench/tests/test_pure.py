@@ -60,7 +60,7 @@ def test_ratio_and_per_message_guard_against_zero() -> None:
 def _run(target: str, phase: str, rate: float, cpu_us: float, repeat: int = 0) -> dict[str, object]:
     return {"target": target, "phase": phase, "rate": rate, "broker_us_per_msg": cpu_us, "repeat": repeat,
             "latency_ms": {}, "client_processes": 4, "messages": 1000, "seconds": 1.0, "client_us_per_msg": 30.0,
-            "client_max_core_share": 0.3, "machine_busy_share": 0.9}
+            "client_max_core_share": 0.3, "machine_busy_share": 0.9, "broker_core_share": 0.5}
 
 
 def test_summary_takes_the_median_of_repeats() -> None:
@@ -92,3 +92,4 @@ def test_ratio_pairs_compare_every_ours_target_with_every_rabbit_target() -> Non
     assert report.ratio_pairs(list(kinds), kinds) == [
         ("ours", "rabbit-classic"), ("ours", "rabbit-quorum"),
         ("ours-replicated-1", "rabbit-classic"), ("ours-replicated-1", "rabbit-quorum")]
+

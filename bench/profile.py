@@ -1,0 +1,98 @@
+"""`python -m bench.profile`: sample our broker with py-spy while the bench loads it; print the hot path.
+
+Starts a target (default `ours`), runs `py-spy record` on its broker process(es) during the chosen phase, writes
+the collapsed stacks and a flame graph (SVG) under bench/results/, and prints the top functions by own time
+("self") and by time including callees ("total"). py-spy is a PyPI package (`pip install py-spy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from bench.cli import RESULTS
+from bench.phases import PhaseSpec, run_phase
+from bench.scenarios import SCENARIOS
+
+
+def parse_collapsed(text: str) -> tuple[Counter[str], Counter[str], int]:
+    """Collapsed stacks ("a;b;c 12" per line) -> (self samples, inclusive samples, total samples) per frame."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        frames = stack.split(";")
+        total += count
+        own[frames[-1]] += count
+        for f in set(frames):
+            incl[f] += count
+    return own, incl, total
+
+
+def top_table(counts: Counter[str], total: int, n: int) -> str:
+    lines = [f"{'share':>6}  frame"]
+    for frame, c in counts.most_common(n):
+        lines.append(f"{c / total:6.1%}  {frame}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="bench.profile", description=__doc__)
+    p.add_argument("--target", default="ours", choices=[t for t in SCENARIOS if t.startswith("ours")])
+    p.add_argument("--phase", default="e2e", choices=["publish", "e2e"])
+    p.add_argument("--messages", type=int, default=30_000)
+    p.add_argument("--publishers", type=int, default=2)
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--window", type=int, default=200)
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--native", action="store_true", help="include native (C) frames (py-spy --native)")
+    args = p.parse_args(argv)
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="understudy-profile-"))
+    spec = PhaseSpec(args.phase, args.publishers, args.consumers if args.phase == "e2e" else 0, args.messages,
+                     None, args.window, 200, 128, False)
+    target = SCENARIOS[args.target]()
+    try:
+        with target:
+            target.start(workdir)
+            groups = target.pid_groups()
+            recorders = []
+            for role, pids in groups.items():
+                base = RESULTS / f"profile-{stamp}-{args.target}-{role}"
+                for fmt, suffix in (("raw", ".txt"), ("flamegraph", ".svg")):
+                    cmd = [pyspy, "record", "--pid", str(pids[0]), "--rate", str(args.rate), "--format", fmt,
+                           "-o", str(base) + suffix, "--nonblocking"] + (["--native"] if args.native else [])
+                    recorders.append((role, fmt, base.with_suffix(suffix) if False else Path(str(base) + suffix),
+                                      subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+            result = run_phase(target, spec)
+            for _, _, _, rec in recorders:
+                rec.send_signal(2)  # SIGINT: py-spy writes its output and exits
+            for _, _, _, rec in recorders:
+                rec.wait(60)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{args.target} {args.phase}: {result.messages} msgs, {result.rate:,.0f} msg/s, "
+          f"broker {result.broker_us_per_msg:.1f} µs/msg\n")
+    for role, fmt, path, _ in recorders:
+        if fmt != "raw" or not path.exists():
+            continue
+        own, incl, total = parse_collapsed(path.read_text())
+        print(f"### {role}: {total} samples ({path})\n\nself time:\n{top_table(own, total, args.top)}\n")
+        print(f"total time (with callees):\n{top_table(incl, total, args.top)}\n")
+
+
+if __name__ == "__main__":
+    main()
