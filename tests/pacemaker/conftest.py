@@ -51,9 +51,16 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+LOG_ROOT = Path(os.environ.get("UNDERSTUDY_PCMK_LOGS", "/tmp/understudy-pcmk"))
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A 3-node cluster, built once per test module and always torn down (even on failure or Ctrl-C)."""
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A 3-node cluster, built once per test module and always torn down (even on failure or Ctrl-C).
+
+    Node state and logs stay in $UNDERSTUDY_PCMK_LOGS/<module> (default /tmp/understudy-pcmk) until the module
+    runs again, for post-mortems.
+    """
     reason = _missing_prerequisite()
     if reason:
         pytest.skip(reason)
@@ -61,7 +68,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     atexit.register(cleanup_stale)
     try:
-        with Cluster(tmp_path_factory.mktemp("pcmk")) as c:
+        workdir = LOG_ROOT / request.module.__name__.rsplit(".", 1)[-1]
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        with Cluster(workdir) as c:
             yield c
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -147,7 +147,11 @@ def test_promote_of_the_primary_is_a_no_op() -> None:
 
 
 def test_bootstrap_promote_prefers_the_newest_data() -> None:
-    published = {"n1": backup("joining", 0, 50), "n2": backup("joining", 0, 70), "n3": backup("joining", 0, 9)}
+    published = {
+        "n1": backup("joining", 0, 50),
+        "n2": backup("joining", 0, 70),
+        "n3": backup("joining", 0, 9),
+    }
     assert core.decide_promote("n1", published["n1"], published).better_node == "n2"
     d = core.decide_promote("n2", published["n2"], published)
     assert d.action is PromoteAction.PROMOTE and not d.force and d.epoch == 1

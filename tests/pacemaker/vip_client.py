@@ -36,7 +36,8 @@ def send(url: str, queue: str, log_path: str, interval: float, timeout: float) -
         while not _stop:
             try:
                 conn = BlockingConnection(url, timeout=timeout, reconnect=False)
-            except TRANSIENT:
+            except TRANSIENT as exc:
+                print(f"{time.time():.3f} connect: {exc!r}", flush=True)
                 time.sleep(0.1)
                 continue
             try:
@@ -47,8 +48,8 @@ def send(url: str, queue: str, log_path: str, interval: float, timeout: float) -
                     n += 1
                     if interval:
                         time.sleep(interval)
-            except TRANSIENT:
-                pass  # resend n on the next connection: at-least-once
+            except TRANSIENT as exc:  # resend n on the next connection: at-least-once
+                print(f"{time.time():.3f} message {n}: {exc!r}", flush=True)
             finally:
                 with contextlib.suppress(Exception):
                     conn.close()
