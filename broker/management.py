@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.exchange import BindingKey, parse_binding_name
-from broker.options import EXCHANGE_ARGUMENTS, QUEUE_ARGUMENTS, normalize
+from broker.options import EXCHANGE_ARGUMENTS, QUEUE_ARGUMENTS, BadArgument, normalize
 from broker.queue import Queue
 from broker.wiring import InvalidRequest, NotFound, Wiring, WiringError
 
@@ -95,7 +95,7 @@ class Management:
         args = self._arguments(body)
         existing = self.wiring.queues.get(name)
         if existing is not None:
-            if existing.arguments != normalize(args, QUEUE_ARGUMENTS):
+            if existing.arguments != _normalized(args, QUEUE_ARGUMENTS):
                 return Response(409, f"queue {name!r} exists with different arguments")
             return Response(200, "queue exists with the same arguments", self.queue_read(existing))
         q, _ = self.wiring.declare_queue(name, args)
@@ -139,7 +139,7 @@ class Management:
         args = self._arguments(body)
         existing = self.wiring.exchanges.get(name)
         if existing is not None:
-            if existing.type != type_ or existing.arguments != normalize(args, EXCHANGE_ARGUMENTS):
+            if existing.type != type_ or existing.arguments != _normalized(args, EXCHANGE_ARGUMENTS):
                 return Response(409, f"exchange {name!r} exists with a different type or arguments")
             return Response(200, "exchange exists with the same type and arguments", self._exchange_read(name))
         self.wiring.declare_exchange(name, type_, args)
@@ -244,3 +244,11 @@ class Management:
             if isinstance(k, str) and k in QUEUE_ARGUMENTS and k not in merged:
                 merged[k] = v
         return merged
+
+
+def _normalized(args: dict[str, Any], table: Mapping[str, Callable[[str, Any], Any]]) -> dict[str, Any]:
+    """Arguments validated as for a new object: a bad value is a 400 even when the object already exists."""
+    try:
+        return normalize(args, table)
+    except BadArgument as e:
+        raise InvalidRequest(str(e)) from None
