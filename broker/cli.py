@@ -117,7 +117,10 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     return 0
 
 
-def make_command(plugins: list[Plugin]) -> click.Command:
+Validator = Callable[[BrokerConfig], list[str]]
+
+
+def make_command(plugins: list[Plugin], validators: list[Validator] | None = None) -> click.Command:
     def cmd(config: Path | None, validate_config: bool, plugin: tuple[str, ...], **values: Any) -> None:
         vals = {_field(k): v for k, v in values.items()}
         extra: list[Plugin] = []
@@ -132,6 +135,11 @@ def make_command(plugins: list[Plugin]) -> click.Command:
             cfg = load_config(vals, config)
         except ConfigError as e:
             for line in e.lines:
+                click.echo(f"ha-broker: {line}", err=True)
+            sys.exit(2)
+        problems = [p for v in validators or [] for p in v(cfg)]
+        if problems:
+            for line in problems:
                 click.echo(f"ha-broker: {line}", err=True)
             sys.exit(2)
         if cfg.users_file is not None:

@@ -148,12 +148,17 @@ class Server:
         self.on_started: list[Callable[[], None]] = []
         self.on_connection_closed: list[Callable[[ConnectionState], None]] = []
         self.connection_properties: list[Callable[[], dict[str, Any]]] = []
+        # Every fence must pass before client deliveries are settled (e.g. "I still hold the primary's lease");
+        # while one fails, settlements wait (they are retried every 50 ms).
+        self.settle_fences: list[Callable[[], bool]] = []
+        self._fence_retry: Any = None
         self.on_quiesced: list[Callable[[], None]] = []
         self.on_quiesced_once: list[Callable[[], None]] = []
         # client.settled window
         self._settled_count = 0
         self._settled_first = 0.0
         self._settled_last = 0.0
+        self._settled_as: tuple[str, int] = ("standalone", 0)
         self._msg_reject_log: dict[int, float] = {}
         self._stopping = False
 
@@ -639,9 +644,10 @@ class Server:
         """Once per reactor pass: dispatch, settle, deferred link work."""
         # Repeat until nothing is left: dispatching can settle, settling can free credit.
         for _ in range(100):
-            if not (self.dirty or self.to_settle or self.woken or self.on_quiesced_once):
+            if not (self.dirty or (self.to_settle and self._fences_pass()) or self.woken
+                    or self.on_quiesced_once):
                 break
-            if self.to_settle:
+            if self.to_settle and self._fences_pass():
                 batch, self.to_settle = self.to_settle, []
                 self._settle(batch)
             if self.dirty:
@@ -661,6 +667,17 @@ class Server:
         for fn in self.on_quiesced:
             fn()
 
+    def _fences_pass(self) -> bool:
+        if all(f() for f in self.settle_fences):
+            return True
+        if self._fence_retry is None and not self._stopping:
+            self._fence_retry = self.schedule(0.05, self._retry_fenced)
+        return False
+
+    def _retry_fenced(self) -> None:
+        self._fence_retry = None
+        self.quiesce()
+
     def _settle(self, batch: list[Completion]) -> None:
         n = 0
         for c in batch:
@@ -672,14 +689,18 @@ class Server:
             n += 1
         if n:
             now = time.time()
+            role_epoch = self.role_epoch()
+            if self._settled_count and role_epoch != self._settled_as:
+                self._flush_settled_log()  # a window never spans a role or epoch change
             if self._settled_count == 0:
                 self._settled_first = now
+                self._settled_as = role_epoch
             self._settled_count += n
             self._settled_last = now
 
     def _flush_settled_log(self, force: bool = False) -> None:
         if self._settled_count:
-            role, epoch = self.role_epoch()
+            role, epoch = self._settled_as  # as they were when these deliveries were settled
             log.info(
                 "client.settled",
                 count=self._settled_count,

@@ -85,8 +85,19 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             self.conn.close()
         self.conn = None
 
+    def kick(self) -> None:
+        """Try again now (e.g. the coordinator just named a new primary)."""
+        if self.connected or self.stopped:
+            return
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        self.failures = 0
+        self._connect()
+
     def _connect(self) -> None:
         self._reconnect_task = None
+        if self.conn is not None and not self.connected:
+            return  # an attempt is under way
         if self.stopped:
             return
         me = (self.config.host, self.server.port)
@@ -117,7 +128,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         if self.stopped or self._reconnect_task is not None:
             return
         self.failures += 1
-        base = min(0.05 * (2 ** min(self.failures, 6)), 2.0)
+        base = min(0.05 * (2 ** min(self.failures, 6)), 0.5)
         delay = base * (0.5 + random.random() / 2) if self.failures > len(self.candidates) else 0.05
         self._reconnect_task = self.server.schedule(delay, self._connect)
 

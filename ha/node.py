@@ -13,13 +13,14 @@ from typing import Any
 
 from proton import Message
 
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, Coordinator
 from broker.log import get_logger
 from broker.management import Request, Response
 from broker.options import REPLICATE_KEY, REPLICATE_VALUES
 from broker.server import ConnectionState, Refusal, Server
 from ha import protocol as P
 from ha.backup import Backup
+from ha.coordinated import CoordinatedRole
 from ha.coordination.epoch_store import EpochStore
 from ha.core.membership import Membership
 from ha.core.states import HaState, IllegalTransition, transition
@@ -41,6 +42,7 @@ class HaNode:
         self.backup: Backup | None = None
         self.primary_public_url: str | None = None
         self.address = ""
+        self.coordinated: CoordinatedRole | None = None
 
     # ----- plugin -----------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -62,6 +64,9 @@ class HaNode:
         log.info("ha.state", from_state=None, to_state=self.state.value, role=self.state.role.value, epoch=self.epoch,
                  reason="started with --ha-cluster")
         self._become_backup()
+        if self.config.ha_coordinator == Coordinator.ZOOKEEPER:
+            self.coordinated = CoordinatedRole.zookeeper(self)
+            self.coordinated.start()
 
     # ----- state ------------------------------------------------------------------------------------------------
     def set_state(self, to: HaState, reason: str, forced: bool = False) -> None:
@@ -75,6 +80,8 @@ class HaNode:
                  reason=reason)
         if self.primary is not None:
             self.primary.update_membership()
+        if self.coordinated is not None:
+            self.coordinated.state_changed(new)
 
     def set_membership(self, m: Membership) -> None:
         if m != self.membership:
@@ -216,6 +223,14 @@ class HaNode:
         epoch = body.get("epoch")
         if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0):
             return Response(400, "epoch must be a non-negative integer")
+        if self.coordinated is not None:
+            # The coordinator owns promotion (and the epoch): ask it instead of promoting behind its back.
+            if not forced:
+                return Response(409, "promotion is decided by ZooKeeper here; use --force to make this broker "
+                                     "contend whatever its state")
+            self.coordinated.forced = True
+            self.coordinated.coord.contend(force=True)
+            return Response(202, "contending for leadership in ZooKeeper (forced)", self.status())
         ok, text = self.promote(forced, epoch)
         return Response(200 if ok else 409, text, self.status())
 

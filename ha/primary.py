@@ -148,9 +148,14 @@ class Primary:
             return
         del self.backups[b.name]
         released = self.guards.drop_backup(b.name)
-        for c in released:
-            c.release()
         log.warning("ha.backup.lost", backup=b.name, address=b.address, reason=reason, released=len(released))
+        coordinated = self.node.coordinated
+        if coordinated is not None and b.state == HaState.READY:
+            # The dropped backup must leave the coordinator's ready set before we settle without it, or it
+            # could win an election while lacking these messages.
+            coordinated.ready_set_changed(self.ready_names(), lambda: _release_all(released))
+        else:
+            _release_all(released)
         self.update_membership()
 
     def _replicated_queue_names(self) -> list[str]:
@@ -308,11 +313,16 @@ class Primary:
             members.append(Member.of(b.name, b.address, b.state))
         return Membership(self.node.epoch, tuple(members))
 
+    def ready_names(self) -> list[str]:
+        return sorted(n for n, b in self.backups.items() if b.state == HaState.READY)
+
     def update_membership(self) -> None:
         m = self.membership()
         if m != self.node.membership:
             self.node.set_membership(m)
             self.broadcast_membership()
+            if self.node.coordinated is not None and self.node.state == HaState.ACTIVE:
+                self.node.coordinated.ready_set_changed(self.ready_names())
 
     def membership_message(self) -> bytes:
         body = self.node.membership.to_wire()
@@ -483,6 +493,11 @@ class StatusLink(LinkHandler):
 
     def on_detached(self) -> None:
         self.primary.status_links.discard(self)
+
+
+def _release_all(completions: list[Completion]) -> None:
+    for c in completions:
+        c.release()
 
 
 def _idle_timeout(st: ConnectionState) -> bool:

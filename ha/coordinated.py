@@ -1,0 +1,116 @@
+"""Drive a broker's HA role from a `Coordinator` (ZooKeeper): contend when ready, promote when elected, demote
+when leadership is lost, and never settle a client message without a valid lease.
+
+Coordinator callbacks arrive on the backend's thread; they are handed to the reactor with
+`server.call_soon_threadsafe`, so every decision below runs on the reactor thread. One decision per view, logged
+once when it changes (`ha.coordinator.decision`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker.log import get_logger
+from ha.coordination.base import Callbacks, ClusterView, Coordinator, MemberRecord
+from ha.coordination.election import Action, Decision, decide
+from ha.coordination.zookeeper import ZooKeeperCoordinator, validate_timing
+from ha.core.states import HaState
+
+if TYPE_CHECKING:
+    from ha.node import HaNode
+
+log = get_logger("ha.coordinator")
+
+
+class CoordinatedRole:
+    def __init__(self, node: HaNode, coordinator: Coordinator) -> None:
+        self.node = node
+        self.coord = coordinator
+        self.forced = False
+        self.last: Decision | None = None
+
+    @classmethod
+    def zookeeper(cls, node: HaNode) -> CoordinatedRole:
+        cfg = node.config
+        assert cfg.zk_hosts is not None
+        coord = ZooKeeperCoordinator(cfg.zk_hosts, cfg.zk_path, node.server.id, node.address,
+                                     session_timeout=cfg.zk_session_timeout)
+        return cls(node, coord)
+
+    # ----- lifecycle --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self.node.server
+        s.settle_fences.append(self.may_settle)
+        self.coord.start(Callbacks(
+            on_elected=self.on_elected,
+            on_suspended=lambda: log.warning("ha.coordinator.suspended", epoch=self.node.epoch),
+            on_resumed=lambda: log.info("ha.coordinator.resumed", epoch=self.node.epoch),
+            on_lost=self.on_lost,
+            on_view=self.on_view,
+            dispatch=s.call_soon_threadsafe,
+        ))
+        self.publish()
+
+    def stop(self) -> None:
+        self.coord.stop()
+
+    def record(self) -> MemberRecord:
+        n = self.node
+        return MemberRecord(n.server.id, n.address, n.state.role.value, n.state.value, n.epoch, n.position())
+
+    def publish(self) -> None:
+        self.coord.publish(self.record())
+
+    # ----- the fence --------------------------------------------------------------------------------------------
+    def may_settle(self) -> bool:
+        """A primary settles client messages only while it holds the lease (checked on every settle batch)."""
+        return self.node.primary is None or self.coord.holds_lease()
+
+    # ----- callbacks (reactor thread) ---------------------------------------------------------------------------
+    def on_view(self, view: ClusterView) -> None:
+        if view.epoch > self.node.epoch and self.node.primary is None:
+            self.node.adopt_epoch(view.epoch)
+        if view.leader is not None and view.leader != self.node.server.id and self.node.backup is not None:
+            self.node.backup.kick()
+        d = decide(self.record(), view, forced=self.forced)
+        if d != self.last:
+            log.info("ha.coordinator.decision", action=d.action.value, reason=d.reason.value, epoch=d.epoch,
+                     leader=view.leader, waiting=view.reason.value if view.reason else None)
+            self.last = d
+        if d.action == Action.CONTEND:
+            self.coord.contend(force=self.forced)
+        elif d.action == Action.WITHDRAW:
+            self.coord.withdraw()
+        elif d.action == Action.PROMOTE:
+            self._promote(view.epoch)
+        elif d.action == Action.DEMOTE:
+            self.node.demote(f"coordinator: {d.reason.value}")
+            self.publish()
+
+    def on_elected(self, epoch: int) -> None:
+        self._promote(epoch)
+
+    def on_lost(self) -> None:
+        if self.node.primary is not None:
+            self.node.demote("coordinator: leadership lost")
+            self.publish()
+
+    def _promote(self, epoch: int) -> None:
+        if self.node.primary is not None:
+            return
+        ok, text = self.node.promote(forced=self.forced, epoch=epoch)
+        if not ok:
+            log.error("ha.coordinator.promote_refused", epoch=epoch, description=text)
+            self.coord.withdraw()
+        self.forced = False
+        self.publish()
+
+    def state_changed(self, state: HaState) -> None:
+        self.publish()
+
+    def ready_set_changed(self, names: list[str], on_published: object = None) -> None:
+        self.coord.publish_ready_set(names, on_published)  # type: ignore[arg-type]
+
+
+def check_timing(session_timeout: float, heartbeat: float) -> list[str]:
+    return validate_timing(session_timeout, heartbeat)
