@@ -87,23 +87,56 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
     return view
 
 
+def collect_zk(hosts: str, path: str, timeout: float) -> dict[str, Any]:
+    """The cluster as published in ZooKeeper (no broker is contacted), like `patronictl list`."""
+    from ha.coordination.base import CoordinatorError
+    from ha.coordination.zookeeper import read_cluster
+
+    try:
+        cv = read_cluster(hosts, path, timeout)
+    except CoordinatorError as e:
+        raise ManagementError(f"ZooKeeper {hosts}{path}: {e}") from None
+    return {
+        "queried": f"{hosts}{path}",
+        "brokers_url": ",".join(m.address for m in cv.members),
+        "public_url": None,
+        "epoch": cv.epoch,
+        "leader": cv.leader,
+        "waiting": cv.reason.value if cv.reason else None,
+        "members": [
+            {"name": m.name, "address": m.address, "role": m.role, "state": m.state, "epoch": m.epoch,
+             "position": m.position, "queues": None, "backlog": None, "lag_ms": None}
+            for m in sorted(cv.members, key=lambda m: (m.role != "primary", m.name))
+        ],
+    }
+
+
 def render(view: dict[str, Any]) -> Group:
     header = Text.assemble(
         ("Cluster ", "bold"), (view.get("brokers_url") or "?", "cyan"),
         ("  public ", "bold"), (str(view.get("public_url") or "-"), "cyan"),
         ("  epoch ", "bold"), (str(view.get("epoch")), "magenta"),
     )
+    if view.get("waiting"):
+        header.append(f"  NO PRIMARY: waiting ({view['waiting']})", "bold red")
     t = Table(show_lines=False)
-    for col in ("Member", "Address", "Role", "State", "Queues", "Backlog", "Lag ms", "Catch-up"):
-        t.add_column(col, justify="right" if col in ("Queues", "Backlog", "Lag ms") else "left", no_wrap=True)
+    cols = ["Member", "Address", "Role", "State", "Epoch", "Position", "Queues", "Backlog", "Lag ms", "Catch-up"]
+    with_pos = any("position" in m and m.get("position") is not None for m in view["members"])
+    if not with_pos:
+        cols.remove("Epoch")
+        cols.remove("Position")
+    for col in cols:
+        t.add_column(col, justify="right" if col in ("Epoch", "Position", "Queues", "Backlog", "Lag ms") else "left", no_wrap=True)
     for m in view["members"]:
         state = m.get("state") or "?"
         bar: Any = ""
         cu = m.get("catchup")
         if state == "catchup" and cu:
             bar = ProgressBar(total=1.0, completed=float(cu.get("fraction", 0.0)), width=20)
+        extra = [str(m.get("epoch", "")), str(m.get("position", ""))] if with_pos else []
         t.add_row(
             m["name"], m.get("address") or "", m.get("role") or "", Text(state, STATE_STYLE.get(state, "")),
+            *extra,
             "" if m.get("queues") is None else str(m["queues"]),
             "" if m.get("backlog") is None else str(m["backlog"]),
             "" if m.get("lag_ms") is None else f"{m['lag_ms']:.1f}",
@@ -120,13 +153,18 @@ def render(view: dict[str, Any]) -> Group:
 @click.option("--timeout", default=5.0, show_default=True)
 @click.option("--user", default=None)
 @click.option("--password", default=None)
+@click.option("--zk-hosts", default=None, help="read the cluster from ZooKeeper instead of a broker")
+@click.option("--zk-path", default="/understudy/default", show_default=True)
 def cli(broker: str, all_members: bool, fmt: str, watch: float | None, timeout: float, user: str | None,
-        password: str | None) -> None:
+        password: str | None, zk_hosts: str | None, zk_path: str) -> None:
     """Show the HA cluster: members, roles, states, backlog and lag of each backup."""
     console = Console(width=None if sys.stdout.isatty() else 120)
     while True:
         try:
-            view = collect(broker, all_members, timeout, user, password)
+            if zk_hosts:
+                view = collect_zk(zk_hosts, zk_path, timeout)
+            else:
+                view = collect(broker, all_members, timeout, user, password)
         except ManagementError as e:
             click.echo(f"ha-status: {e}", err=True)
             if watch is None:

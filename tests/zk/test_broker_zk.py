@@ -157,3 +157,77 @@ def test_zookeeper_down_primary_stops_settling_then_resumes(zk: ZkTest, brokers:
     wait_for(resumed, 60, 0.2, what="service to resume after ZooKeeper came back")
     check_history(c)
 
+
+
+def test_backup_that_is_not_ready_never_wins_and_ha_status_says_the_cluster_waits(zk: ZkTest,
+                                                                                 brokers: BrokerFactory) -> None:
+    import json
+    import subprocess
+
+    from tests.support.procs import BIN
+
+    c = zk_cluster(brokers, zk, n=2)
+    c.start(0)
+    c.wait_state(0, "active")
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "q", {})
+    conn = connect(c[0].url)
+    conn.create_sender("q").send(Message(body="acknowledged"))
+    conn.close()
+    c[0].signal(signal.SIGSTOP)  # the backup that starts now can never catch up with it
+    c.start(1)
+    time.sleep(0.5)
+    c[0].kill()
+    deadline = time.monotonic() + SESSION + 4
+    while time.monotonic() < deadline:
+        st = Cluster.status(c[1])
+        assert st["role"] == "backup", "a backup that never caught up was promoted"
+        time.sleep(0.2)
+    r = subprocess.run([str(BIN / "ha-status"), "--zk-hosts", zk.hosts, "--zk-path", "/understudy/t", "-f", "json"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    view = json.loads(r.stdout)
+    assert view["leader"] is None and view["waiting"] in ("no_ready_member", "no_candidate_in_ready_set")
+    assert [m["name"] for m in view["members"]] == ["b2"] and view["epoch"] >= 1
+    table = subprocess.run([str(BIN / "ha-status"), "--zk-hosts", zk.hosts, "--zk-path", "/understudy/t"],
+                           capture_output=True, text=True, timeout=30)
+    assert "NO PRIMARY: waiting" in table.stdout
+
+
+def test_leader_killed_under_load_clients_resume_nothing_acknowledged_lost(zk: ZkTest,
+                                                                          brokers: BrokerFactory) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support.procs import ROOT
+
+    c = zk_cluster(brokers, zk)
+    c.start()
+    p = wait_primary(c)
+    for i in range(3):
+        if i != p:
+            c.wait_state(i, "ready")
+    with mgmt(c[p].url) as m:
+        m.call("CREATE", "queue", "orders", {})
+    work: Path = c[0].workdir
+    acked, received = work / "acked.txt", work / "received.txt"
+
+    def client(mode: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "tests.support.numbered", mode, "--urls", ",".join(c.urls),
+                                 "--queue", "orders", "--out", str(out), *extra], cwd=ROOT,
+                                stderr=open(out.with_suffix(".err"), "wb"))
+
+    sender = client("send", acked, "--count", "1000", "--pause", "0.002")
+    receiver = client("receive", received, "--idle", "8")
+    wait_for(lambda: acked.exists() and len(acked.read_text().split()) > 200, 30, what="traffic")
+    t0 = time.monotonic()
+    c[p].kill()
+    p2 = wait_primary(c, timeout=SESSION + 10, exclude=p)
+    print(f"\nleader SIGKILLed under load -> new leader in {time.monotonic() - t0:.2f}s")
+    assert sender.wait(90) == 0
+    receiver.wait(90)
+    sent = {int(x) for x in acked.read_text().split()}
+    got = {int(x) for x in received.read_text().split()} | set(drain(c[p2].url, "orders"))
+    assert len(sent) == 1000 and not sorted(sent - got)
+    check_history(c)
