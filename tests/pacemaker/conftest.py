@@ -13,7 +13,7 @@ from types import FrameType
 
 import pytest
 
-from tests.pacemaker.netns import Cluster, cleanup_stale
+from tests.pacemaker.netns import Cluster, netns_lock
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "resource_agents" / "understudy"
@@ -66,17 +66,21 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         pytest.skip(reason)
     install_agent()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    atexit.register(cleanup_stale)
     try:
-        workdir = LOG_ROOT / request.module.__name__.rsplit(".", 1)[-1]
-        if workdir.exists():
-            shutil.rmtree(workdir)
-        workdir.mkdir(parents=True)
-        with Cluster(workdir) as c:
-            yield c
+        with netns_lock():
+            workdir = LOG_ROOT / request.module.__name__.rsplit(".", 1)[-1]
+            if workdir.exists():
+                shutil.rmtree(workdir)
+            workdir.mkdir(parents=True)
+            c = Cluster(workdir)
+            atexit.register(c.cleanup)
+            try:
+                with c:
+                    yield c
+            finally:
+                atexit.unregister(c.cleanup)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        atexit.unregister(cleanup_stale)
 
 
 @pytest.fixture(autouse=True)

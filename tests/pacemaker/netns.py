@@ -20,6 +20,7 @@ every process inside those namespaces and delete them, so nothing outlives a tes
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import shutil
@@ -104,8 +105,34 @@ def our_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
 
 
+LOCK_FILE = Path("/run/lock/understudy-pcmk-netns.lock")
+
+
+@contextlib.contextmanager
+def netns_lock(timeout: float = 1800.0) -> Iterator[None]:
+    """Only one namespaced cluster per machine: the names, subnet and /tmp log dir are fixed. A second test run
+    (another checkout, another engineer) waits here instead of tearing down the first one's cluster."""
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK_FILE.open("w") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another namespaced cluster held {LOCK_FILE} for {timeout:.0f}s"
+                    ) from None
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def cleanup_stale() -> None:
-    """Remove namespaces (and their processes) left by an earlier, killed run."""
+    """Remove namespaces (and their processes) left by an earlier, killed run. Call only under netns_lock."""
     for ns in our_namespaces():
         kill_netns_processes(ns)
         sh(["ip", "netns", "del", ns], check=False)
@@ -130,7 +157,7 @@ class Node:
 
 
 class Cluster:
-    """Build, drive and tear down the namespaced cluster. Use as a context manager."""
+    """Build, drive and tear down the namespaced cluster. Use as a context manager, inside :func:`netns_lock`."""
 
     def __init__(self, workdir: Path, size: int = 3, cluster_name: str = "understudy-test") -> None:
         self.workdir = workdir
