@@ -9,20 +9,35 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.cli import RESULTS
 from bench.phases import PhaseSpec, run_phase
 from bench.scenarios import SCENARIOS
 
+_LINE = re.compile(r":\d+\)$")
 
-def parse_collapsed(text: str) -> tuple[Counter[str], Counter[str], int]:
-    """Collapsed stacks ("a;b;c 12" per line) -> (self samples, inclusive samples, total samples) per frame."""
+
+def function_of(frame: str) -> str:
+    """"Server.on_delivery (broker/server.py:489)" -> "Server.on_delivery (broker/server.py)"."""
+    return _LINE.sub(")", frame)
+
+
+def file_of(frame: str) -> str:
+    """"Server.on_delivery (broker/server.py:489)" -> "broker/server.py"."""
+    inner = frame[frame.rfind("(") + 1 :].rstrip(")")
+    return inner.rsplit(":", 1)[0]
+
+
+def parse_collapsed(text: str, key: Callable[[str], str] = function_of) -> tuple[Counter[str], Counter[str], int]:
+    """Collapsed stacks ("a;b;c 12" per line) -> (self samples, inclusive samples, total samples) per key(frame)."""
     own: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
@@ -31,7 +46,7 @@ def parse_collapsed(text: str) -> tuple[Counter[str], Counter[str], int]:
         if not stack or not n.isdigit():
             continue
         count = int(n)
-        frames = stack.split(";")
+        frames = [key(f) for f in stack.split(";")]
         total += count
         own[frames[-1]] += count
         for f in set(frames):
@@ -89,9 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     for role, fmt, path, _ in recorders:
         if fmt != "raw" or not path.exists():
             continue
-        own, incl, total = parse_collapsed(path.read_text())
-        print(f"### {role}: {total} samples ({path})\n\nself time:\n{top_table(own, total, args.top)}\n")
-        print(f"total time (with callees):\n{top_table(incl, total, args.top)}\n")
+        text = path.read_text()
+        own, incl, total = parse_collapsed(text)
+        by_file, _, _ = parse_collapsed(text, file_of)
+        print(f"### {role}: {total} samples ({path})\n")
+        print(f"self time by file:\n{top_table(by_file, total, 12)}\n")
+        print(f"self time by function:\n{top_table(own, total, args.top)}\n")
+        print(f"total time (with callees) by function:\n{top_table(incl, total, args.top)}\n")
 
 
 if __name__ == "__main__":

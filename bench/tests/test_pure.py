@@ -8,6 +8,7 @@ import sys
 import time
 
 from bench import procstat, report, stats
+from bench.profile import file_of, parse_collapsed
 
 # fields 1..17 of a real-looking stat line; comm has a space and a ')' inside
 STAT = "4242 (beam.smp (x) y) S 4200 4242 4242 0 -1 4194560 100 0 0 0 1234 567 0 0 20 0 30 0 99 0"
@@ -93,3 +94,15 @@ def test_ratio_pairs_compare_every_ours_target_with_every_rabbit_target() -> Non
         ("ours", "rabbit-classic"), ("ours", "rabbit-quorum"),
         ("ours-replicated-1", "rabbit-classic"), ("ours-replicated-1", "rabbit-quorum")]
 
+
+
+def test_collapsed_stacks_fold_lines_into_functions_and_count_self_and_total() -> None:
+    text = ("main (a.py:1);f (b.py:10);g (b.py:20) 3\n"
+            "main (a.py:1);f (b.py:11) 2\n"
+            "main (a.py:2);g (b.py:21) 5\n")
+    own, incl, total = parse_collapsed(text)
+    assert total == 10
+    assert own["g (b.py)"] == 8 and own["f (b.py)"] == 2
+    assert incl["main (a.py)"] == 10 and incl["f (b.py)"] == 5
+    by_file, _, _ = parse_collapsed(text, file_of)
+    assert by_file == {"b.py": 10}
