@@ -91,7 +91,7 @@ BODY = st.one_of(MAP, MAP, MAP, st.none(), VALUE)
 EXTRA_PROPS = st.dictionaries(st.sampled_from(["index", "x", "statusCode", "reply-to"]), VALUE, max_size=2)
 
 
-def request(client: ManagementClient, properties: dict[str, Any], body: Any) -> tuple[int, str]:
+def request(client: ManagementClient, properties: dict[str, Any], body: Any) -> tuple[Any, Any]:
     """Send one request as given (no client-side checks) and return the reply's statusCode and description."""
     msg = Message(properties={k: v for k, v in properties.items() if v is not None}, body=body)
     try:
@@ -99,7 +99,7 @@ def request(client: ManagementClient, properties: dict[str, Any], body: Any) -> 
     except Exception:
         assume(False)  # proton cannot even encode it: nothing to send
     reply = client.rpc.call(msg)
-    props = reply.properties or {}
+    props: dict[Any, Any] = reply.properties or {}
     return props.get("statusCode"), props.get("statusDescription")
 
 
