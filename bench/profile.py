@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> None:
                 for fmt, suffix in (("raw", ".txt"), ("flamegraph", ".svg")):
                     cmd = [pyspy, "record", "--pid", str(pids[0]), "--rate", str(args.rate), "--format", fmt,
                            "-o", str(base) + suffix, "--nonblocking"] + (["--native"] if args.native else [])
-                    recorders.append((role, fmt, base.with_suffix(suffix) if False else Path(str(base) + suffix),
-                                      subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+                    with open(str(base) + f".{fmt}.log", "wb") as log:
+                        rec = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+                    recorders.append((role, fmt, Path(str(base) + suffix), rec))
             result = run_phase(target, spec)
             for _, _, _, rec in recorders:
                 rec.send_signal(2)  # SIGINT: py-spy writes its output and exits
@@ -102,7 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.target} {args.phase}: {result.messages} msgs, {result.rate:,.0f} msg/s, "
           f"broker {result.broker_us_per_msg:.1f} µs/msg\n")
     for role, fmt, path, _ in recorders:
-        if fmt != "raw" or not path.exists():
+        if fmt != "raw":
+            continue
+        if not path.exists():
+            print(f"### {role}: py-spy wrote nothing; see {path.with_suffix('.raw.log')}\n")
             continue
         text = path.read_text()
         own, incl, total = parse_collapsed(text)
