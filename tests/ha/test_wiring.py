@@ -7,6 +7,7 @@ survives a failover.
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ def wait_wiring(b: BrokerProcess, queues: set[str], exchanges: set[str], binding
     except AssertionError:
         got = last[0].view()
         for what, g, w in zip(("queues", "exchanges", "bindings"), got, want, strict=True):
-            assert g == w, f"{b.name} {what}: extra {sorted(g - w)}, missing {sorted(w - g)}"
+            assert g == w, f"{b.name} {what}: extra {sorted(map(str, g - w))}, missing {sorted(map(str, w - g))}"
         raise
     return last[0]
 
@@ -108,14 +109,17 @@ def expected(default: str) -> tuple[set[str], set[str], set[Key]]:
     return queues, exchanges, bindings
 
 
+def same_entries(c: Cluster, backup: int, queue: str) -> bool:
+    return c.queue_entries(backup, queue) == c.queue_entries(0, queue)
+
+
 def assert_messages(c: Cluster, backup: int, default: str) -> None:
     """`all` queues hold the primary's messages; `configuration` queues exist but hold none."""
     for suffix in LEVELS:
         lvl = LEVELS[suffix] or default
         q = f"q-{suffix}"
         if lvl == "all":
-            wait_for(lambda q=q: c.queue_entries(backup, q) == c.queue_entries(0, q), 15,
-                     what=f"{q} replicated with its messages")
+            wait_for(functools.partial(same_entries, c, backup, q), 15, what=f"{q} replicated with its messages")
         elif lvl == "configuration":
             row = wiring(c[backup]).queues[q]
             assert row["depth"] == 0 and c.queue_bodies(backup, q) == [], f"{q} must carry no messages"
