@@ -139,7 +139,9 @@ class ReadyMark:
 READY_MARK_WINDOW = 60.0  # seconds a ready mark vouches for a backup that has just lost its primary
 
 
-def effective_status(status: BrokerStatus, mark: ReadyMark | None, now: float) -> BrokerStatus:
+def effective_status(
+    status: BrokerStatus, mark: ReadyMark | None, now: float, sole_member: bool = False
+) -> BrokerStatus:
     """Treat a backup that was *ready* until its primary vanished as still ready.
 
     The broker drops a ready backup to ``joining`` when it loses its primary (docs/states.md), which is exactly
@@ -147,7 +149,14 @@ def effective_status(status: BrokerStatus, mark: ReadyMark | None, now: float) -
     it ready in the same epoch moments ago and it has not connected to anything since (still ``joining``, same
     epoch), it is as good a candidate as before. Such a status is ``ready`` with ``lost_primary`` set, and its
     promote needs ``--force`` because the broker itself only sees ``joining``.
+
+    A broker whose ``brokers_url`` names only itself (``sole_member``) is always a candidate: no other broker can
+    hold a message it lacks.
     """
+    if sole_member and status.role == "backup" and status.state in BACKUP_STATES:
+        return BrokerStatus(
+            "backup", "ready", status.epoch, status.position, lost_primary=status.state != "ready"
+        )
     if (
         status.role == "backup"
         and status.state == "joining"

@@ -91,6 +91,14 @@ def test_a_ready_backup_that_just_lost_its_primary_stays_a_candidate() -> None:
     assert d.action is PromoteAction.PROMOTE and d.force and d.epoch == 4
 
 
+def test_the_only_broker_of_a_one_broker_cluster_is_always_a_candidate() -> None:
+    alone = backup("joining", epoch=2, position=10)
+    assert core.effective_status(alone, None, now=0.0) == alone
+    eff = core.effective_status(alone, None, now=0.0, sole_member=True)
+    assert eff.is_ready_backup and eff.lost_primary
+    assert core.decide_promote("n1", eff, {}).force
+
+
 @pytest.mark.parametrize(
     ("status", "mark", "now"),
     [
