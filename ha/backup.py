@@ -383,11 +383,19 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         default = self.node.default_level
         if type_ == "queue":
             if kind == "declared":
-                if P.described_queue_level(a, default) == "none":
+                level = P.described_queue_level(a, default)
+                lq = w.queues.get(name)
+                if level == "none":  # new, or an update to none: drop our mirror of it
+                    if lq is not None and lq.uuid == a.get("uuid"):
+                        self._stop_replicator(name)
+                        w.delete_queue(name)
                     return
                 self._ensure_queue(name, a.get("arguments") or {}, a.get("uuid"), bool(a.get("temporary")))
                 q = w.queues.get(name)
-                if q is not None and self.wiring_ready:
+                if q is not None and level != "all":  # an update to configuration: no messages any more
+                    self._stop_replicator(name)
+                    q.purge()
+                elif q is not None and self.wiring_ready:
                     self._maybe_replicate(q)
             elif kind == "deleted" and name in w.queues:
                 lq = w.queues[name]
