@@ -313,3 +313,29 @@ def test_invalid_replicate_value_in_dynamic_node_properties_refuses_the_link(clu
     assert len(new) <= 1 and all(n.startswith("temp.") for n in new)
     refused = [e for e in c[0].events() if e["event"] == "link.refused"]
     assert refused and refused[-1]["condition"] == "amqp:invalid-field"
+
+
+def test_changing_a_queue_level_with_ha_admin_replicate_is_followed_by_the_backup(cluster: Make) -> None:
+    c = cluster(2)
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "orders", replicate("none"))
+    send(c[0].url, "orders", ["a", "b"])
+
+    def level(lvl: str) -> None:
+        r = Cluster.admin(c[0], "replicate", "orders", "--level", lvl)
+        assert r.returncode == 0, r.stderr
+
+    level("all")  # none -> all: the backup creates the queue and catches up its messages
+    wait_for(lambda: c.queue_bodies(1, "orders") == ["a", "b"], 15, what="orders replicated after 'all'")
+    level("configuration")  # all -> configuration: the queue stays, its messages go, new ones do not come
+    send(c[0].url, "orders", ["c"])
+    wait_for(lambda: "orders" in wiring(c[1]).queues and c.queue_bodies(1, "orders") == [], 15,
+             what="orders without messages on the backup")
+    level("none")  # -> none: the backup drops the queue
+    wait_for(lambda: "orders" not in wiring(c[1]).queues, 15, what="orders gone from the backup")
+    level("all")
+    wait_for(lambda: c.queue_bodies(1, "orders") == ["a", "b", "c"], 15, what="orders replicated again")
+    assert c.queue_entries(1, "orders") == c.queue_entries(0, "orders")
+    wait_for(lambda: [m["state"] for m in Cluster.status(c[0])["members"]] == ["active", "ready"], 15,
+             what="backup ready")
