@@ -226,23 +226,31 @@ def test_expired_messages_are_gone_on_primary_and_backup(cluster: Make) -> None:
 
 
 # ----- delete + recreate while away ---------------------------------------------------------------------------------
-def test_queue_deleted_and_recreated_while_backup_is_away_is_detected_by_uuid(cluster: Make) -> None:
+@pytest.mark.parametrize("away", ["sigstop", "restart"])
+def test_queue_deleted_and_recreated_while_backup_is_away_is_detected_by_uuid(cluster: Make, away: str) -> None:
+    """The backup is frozen past 2 heartbeats, or killed and restarted with the same name and data dir."""
     c = cluster(2, heartbeat=1.0)
     c.start_with_primary(0)
     with mgmt(c[0].url) as m:
-        m.call("CREATE", "queue", "dr", {})
-    send(c[0].url, "dr", [f"old-{i}" for i in range(5)])
+        m.call("CREATE", "queue", "dr", {"durable": True})
+    send(c[0].url, "dr", [f"old-{i}" for i in range(5)], durable=True)
     wait_for(lambda: c.queue_bodies(1, "dr") == [f"old-{i}" for i in range(5)], 15, what="old messages replicated")
     old_uuid = query_queues(c[1])["dr"]["uuid"]
-    c[1].signal(signal.SIGSTOP)
+    if away == "sigstop":
+        c[1].signal(signal.SIGSTOP)
+    else:
+        c[1].kill()
     try:
         wait_for(lambda: any(e["event"] == "ha.backup.lost" for e in c[0].events()), 15, what="backup dropped")
         with mgmt(c[0].url) as m:
             m.call("DELETE", "queue", "dr")
-            m.call("CREATE", "queue", "dr", {})
-        send(c[0].url, "dr", ["new-0", "new-1"])  # positions 1 and 2 again, other messages
+            m.call("CREATE", "queue", "dr", {"durable": True})
+        send(c[0].url, "dr", ["new-0", "new-1"], durable=True)  # positions 1 and 2 again, other messages
     finally:
-        c[1].signal(signal.SIGCONT)
+        if away == "sigstop":
+            c[1].signal(signal.SIGCONT)
+        else:
+            c.start(1)
     new_uuid = query_queues(c[0])["dr"]["uuid"]
     assert new_uuid != old_uuid
     wait_for(lambda: c.queue_bodies(1, "dr") == ["new-0", "new-1"], 20, what="backup holds the new queue only")
