@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -45,6 +46,7 @@ def configure(broker: str, level: str = "info", log_file: Path | None = None) ->
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(broker=broker)
+    fast.configure(stream, broker, level)
     # proton's own python logging goes to the same place, at warning and above.
     logging.basicConfig(stream=stream, level=logging.WARNING, format="%(message)s")
     return stream
@@ -52,3 +54,32 @@ def configure(broker: str, level: str = "info", log_file: Path | None = None) ->
 
 def get_logger(name: str | None = None) -> Any:
     return structlog.get_logger(name)
+
+
+class FastEvents:
+    """Writes frequent events (lag samples, settle windows) straight to the log stream in the same JSON-lines
+    schema, without structlog's processor chain: several times cheaper per line."""
+
+    def __init__(self) -> None:
+        self.stream: TextIO | None = None
+        self.prefix = ""
+        self.min_level = _LEVELS["info"]
+
+    def configure(self, stream: TextIO, broker: str, level: str) -> None:
+        self.stream = stream
+        self.prefix = json.dumps(broker)
+        self.min_level = _LEVELS[level]
+
+    def info(self, event: str, fields: dict[str, Any]) -> None:
+        if self.stream is None or self.min_level > 20:
+            return
+        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = json.dumps(fields, default=str)
+        self.stream.write(
+            f'{{"ts": "{ts}", "level": "info", "event": "{event}", "broker": {self.prefix}, {body[1:]}\n'
+            if len(body) > 2
+            else f'{{"ts": "{ts}", "level": "info", "event": "{event}", "broker": {self.prefix}}}\n'
+        )
+
+
+fast = FastEvents()

@@ -111,6 +111,13 @@ class Queue:
     def positions(self) -> Iterator[int]:
         return iter(self._order)
 
+    def positions_after(self, after: int) -> Iterator[int]:
+        """Positions greater than `after`, in order."""
+        return iter(self._order.irange(minimum=after, inclusive=(False, True)))
+
+    def next_after(self, after: int) -> int | None:
+        return next(self.positions_after(after), None)
+
     def get(self, position: int) -> Entry | None:
         return self.entries.get(position)
 

@@ -29,7 +29,7 @@ from broker.links import (
     LinkHandler,
     PublisherLink,
 )
-from broker.log import get_logger
+from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
 from broker.message import Payload, decode_payload
 from broker.queue import Entry, Queue, QueueFull
@@ -245,8 +245,6 @@ class Server:
             sasl.config_path(str(self.sasl_dir))
             sasl.config_name(SaslSetup.CONFIG_NAME)
         sasl.allowed_mechs(" ".join(self.config.sasl_mechanisms))
-        if self.config.ha_cluster:
-            t.idle_timeout = self.config.ha_heartbeat * 2
 
     @guarded
     def on_connection_remote_open(self, event: Any) -> None:
@@ -264,6 +262,10 @@ class Server:
         kind = props.get(KIND_PROPERTY, "client")
         st.kind = kind if kind in ("client", "admin", "ha") else "client"
         st.admin = self._is_admin(st.user)
+        if st.kind == "ha" and self.config.ha_cluster:
+            # Only replication connections are declared dead after two silent heartbeats; a client that is
+            # busy in its own code for a while must not lose its connection.
+            event.transport.idle_timeout = self.config.ha_heartbeat * 2
         self.conns[c] = st
         c.offered_capabilities = ["ANONYMOUS-RELAY"]
         props_out: dict[str, Any] = {"product": "understudy", "version": __version__, "x-understudy-broker": self.id}
@@ -701,14 +703,8 @@ class Server:
     def _flush_settled_log(self, force: bool = False) -> None:
         if self._settled_count:
             role, epoch = self._settled_as  # as they were when these deliveries were settled
-            log.info(
-                "client.settled",
-                count=self._settled_count,
-                first_ts=self._settled_first,
-                last_ts=self._settled_last,
-                epoch=epoch,
-                role=role,
-            )
+            fast.info("client.settled", {"count": self._settled_count, "first_ts": self._settled_first,
+                                         "last_ts": self._settled_last, "epoch": epoch, "role": role})
             self._settled_count = 0
 
     def dispatch(self, q: Queue) -> None:

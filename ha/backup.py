@@ -123,6 +123,19 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         assert self.server.container is not None
         self.connected = False
         self.conn = self.server.container.connect(url=f"{host}:{port}", handler=self, **kw)
+        # A dead host (link down, no RST) would leave the TCP connect hanging: give each attempt a deadline.
+        attempt = self.conn
+        self.server.schedule(max(1.0, 2 * self.config.ha_heartbeat), lambda: self._attempt_timeout(attempt))
+
+    def _attempt_timeout(self, attempt: Any) -> None:
+        if self.conn is None or self.connected or attempt != self.conn:
+            return
+        t = attempt.transport
+        if t is not None:
+            t.close_tail()
+            t.close_head()
+        self.conn = None
+        self._schedule_reconnect()
 
     def _schedule_reconnect(self) -> None:
         if self.stopped or self._reconnect_task is not None:
@@ -194,16 +207,21 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             self.reply_to = event.link.remote_source.address
             self._query_wiring()
 
+    def _current(self, event: Any) -> bool:
+        return self.conn is not None and event.connection == self.conn
+
     def on_connection_error(self, event: Any) -> None:
-        cond = event.connection.remote_condition
-        self._lost(f"{cond.name}: {cond.description}" if cond else "closed")
+        if self._current(event):
+            cond = event.connection.remote_condition
+            self._lost(f"{cond.name}: {cond.description}" if cond else "closed")
 
     def on_transport_error(self, event: Any) -> None:
-        cond = event.transport.condition
-        self._lost(f"{cond.name}: {cond.description}" if cond else "transport error")
+        if self._current(event):
+            cond = event.transport.condition
+            self._lost(f"{cond.name}: {cond.description}" if cond else "transport error")
 
     def on_disconnected(self, event: Any) -> None:
-        if self.conn is None or event.connection == self.conn:
+        if self._current(event):
             self._lost("disconnected")
 
     def on_link_error(self, event: Any) -> None:

@@ -28,6 +28,8 @@ from ha.primary import Primary
 
 log = get_logger("ha")
 
+BROWSE_PAGE = 5000  # entries per BROWSE reply (a reply is one AMQP message: keep it well below proton's limits)
+
 
 class HaNode:
     def __init__(self, server: Server) -> None:
@@ -246,16 +248,20 @@ class HaNode:
         if q is None:
             return Response(404, f"queue {req.name!r} not found")
         body = req.body if isinstance(req.body, dict) else {}
-        limit = body.get("limit", 10_000)
-        if not isinstance(limit, int) or limit < 0:
-            return Response(400, "limit must be a non-negative integer")
+        limit = body.get("limit", BROWSE_PAGE)
+        after = body.get("after", 0)
+        if not isinstance(limit, int) or not 0 <= limit <= BROWSE_PAGE:
+            return Response(400, f"limit must be an integer from 0 to {BROWSE_PAGE}")
+        if not isinstance(after, int) or after < 0:
+            return Response(400, "after must be a non-negative position")
         positions, bodies = [], []
-        for pos in itertools.islice(q.positions(), limit):
+        for pos in itertools.islice(q.positions_after(after), limit):
             m = Message()
             m.decode(q.entries[pos].msg.data)
             positions.append(pos)
             bodies.append(m.body)
-        return Response(200, "OK", {"positions": positions, "bodies": bodies, "depth": q.depth})
+        more = bool(positions) and q.next_after(positions[-1]) is not None
+        return Response(200, "OK", {"positions": positions, "bodies": bodies, "depth": q.depth, "more": more})
 
     def op_replicate(self, req: Request) -> Response:
         """Set the replication level of an existing queue (on the primary)."""

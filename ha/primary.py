@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from proton import Message
 
 from broker.links import Completion, LinkError, LinkHandler
-from broker.log import get_logger
+from broker.log import fast, get_logger
 from broker.queue import DequeueReason, Entry, Queue
 from broker.server import ConnectionState, Refusal, Server
 from broker.wiring import WiringEvent
@@ -231,11 +231,20 @@ class Primary:
             self._check_all_ready()
         elif ev.kind == "declared":
             q = self.server.wiring.queues.get(ev.name)
-            if q is not None and P.queue_level(q, self.node.default_level) == "all":
+            if q is None:
+                return
+            if P.queue_level(q, self.node.default_level) == "all":
                 self.epoch_start.setdefault(q.name, 1)
                 for b in self.backups.values():
                     if b.catchup.get(q.name) is None:
                         b.catchup.expect(q.name)
+            else:
+                # No longer replicated with messages (level changed): nobody waits for it any more.
+                for c in self.guards.forget_queue(q.name):
+                    c.release()
+                for b in self.backups.values():
+                    b.catchup.forget(q.name)
+                self._check_all_ready()
 
     # ----- delayed completion -----------------------------------------------------------------------------------
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
@@ -259,13 +268,15 @@ class Primary:
         if result.acked:
             now = time.time()
             backlog: int | None = None
+            sample = self.sampler.sample
             for pos, enq in result.acked:
-                rate = self.sampler.sample(now)
+                rate = sample(now)
                 if rate is not None:
                     if backlog is None:
                         backlog = self.guards.backlog(b.name)
-                    log.info("ha.lag", queue=queue, backup=b.name, position=pos, enqueue_ts=enq, ack_ts=now,
-                             lag_ms=round((now - enq) * 1000.0, 3), backlog=backlog, sample_rate=rate)
+                    fast.info("ha.lag", {"queue": queue, "backup": b.name, "position": pos, "enqueue_ts": enq,
+                                         "ack_ts": now, "lag_ms": round((now - enq) * 1000.0, 3),
+                                         "backlog": backlog, "sample_rate": rate})
 
     def dequeued(self, queue: str, position: int) -> None:
         for c in self.guards.dequeued(queue, position):
@@ -433,20 +444,29 @@ class ReplicatingSender(LinkHandler):
             s.advance()
             d.settle()
             self.dequeues = PositionSet()
-        limit_bytes = self.primary.config.ha_flow_bytes
         live = self.live
-        while live and s.credit > 0:
-            if self.primary.guards.in_flight(self.backup.name).bytes > limit_bytes:
-                break
-            pos = live.popleft()
-            e = q.entries.get(pos)
-            if e is None:
-                continue
-            s.delivery(f"{P.TAG_LIVE}{pos}")
-            s.send(e.msg.data)
-            s.advance()
-        if s.credit > 0 and not self.qc.done:
-            for pos in self.qc.next_batch(s.credit):
+        if live:
+            # Bytes in flight to this backup (guarded, unacknowledged) bound what we send: --ha-flow-bytes.
+            room = self.primary.config.ha_flow_bytes - self.primary.guards.in_flight(self.backup.name).bytes
+            entries = q.entries
+            credit = s.credit
+            while live and credit > 0 and room > 0:
+                pos = live.popleft()
+                e = entries.get(pos)
+                if e is None:
+                    continue
+                data = e.msg.data
+                s.delivery(f"e{pos}")
+                s.send(data)
+                s.advance()
+                credit -= 1
+                room -= len(data)
+        # Catch-up takes at most half of the window, so live messages (which hold clients) never queue behind
+        # a whole window of old ones.
+        window = self.primary.config.ha_flow_messages
+        room = min(s.credit, max(1, window // 2) - self.qc.in_flight)
+        if room > 0 and not self.qc.done:
+            for pos in self.qc.next_batch(room):
                 e = q.entries.get(pos)
                 if e is None:
                     self.qc.dequeued([pos])

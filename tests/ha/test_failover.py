@@ -251,3 +251,25 @@ def test_membership_is_identical_on_every_broker(cluster: Make) -> None:
     wait_for(same, 10, what="identical membership")
     names = [m["name"] for m in Cluster.status(c[2])["members"]]
     assert names == ["b1", "b2", "b3"]
+
+
+def test_backup_skips_an_address_that_never_answers(cluster: Make) -> None:
+    """A dead host (no RST) must not stall the backup: each connection attempt has a deadline."""
+    import socket
+
+    tarpit = socket.socket()
+    tarpit.bind(("127.0.0.1", 0))
+    tarpit.listen(16)  # accepts TCP, never speaks AMQP
+    try:
+        c = cluster(2)
+        c.brokers_url = f"127.0.0.1:{tarpit.getsockname()[1]}," + c.brokers_url
+        for b in c.brokers:
+            b.args = c.args()
+        c.start(0)
+        c.promote(0)
+        t0 = time.monotonic()
+        c.start(1)
+        c.wait_state(1, "ready", timeout=30)
+        print(f"\nbackup ready {time.monotonic() - t0:.2f}s after start despite a silent first address")
+    finally:
+        tarpit.close()

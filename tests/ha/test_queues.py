@@ -19,7 +19,7 @@ from proton.utils import BlockingConnection
 
 from tests.support.amqp import connect, drain, mgmt, send
 from tests.support.bulk import fill, take
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, browse
 from tests.support.procs import ROOT, BrokerProcess, wait_for
 
 Make = Callable[..., Cluster]
@@ -31,13 +31,8 @@ def query_queues(b: BrokerProcess) -> dict[str, dict[str, Any]]:
 
 
 def entries(b: BrokerProcess, queue: str, limit: int = 10_000) -> list[tuple[int, Any]]:
-    """(position, body) of every message on `queue` (any broker, backups included), oldest first."""
-    with mgmt(b.url, timeout=60) as m:
-        r = m.request("BROWSE", "ha-broker", queue, {"limit": limit})
-        if r.status == 404:
-            return []
-        assert r.ok, r.description
-        return list(zip(r.body["positions"], r.body["bodies"], strict=True))
+    """(position, body) of the first `limit` messages on `queue` (any broker, backups included), oldest first."""
+    return browse(b.url, queue)[:limit]
 
 
 def wait_same(c: Cluster, queue: str, limit: int = 10_000, timeout: float = 20.0) -> list[tuple[int, Any]]:

@@ -93,12 +93,24 @@ class Cluster:
         return [b for _, b in self.queue_entries(i, queue)]
 
     def queue_entries(self, i: int, queue: str) -> list[tuple[int, Any]]:
-        with ManagementClient(self.brokers[i].url) as m:
-            r = m.request("BROWSE", "ha-broker", queue)
+        return browse(self.brokers[i].url, queue)
+
+
+def browse(url: str, queue: str) -> list[tuple[int, Any]]:
+    """(position, body) of every message on `queue` of any broker (backups included), oldest first, page by page
+    through the `ha-broker` BROWSE operation; [] if there is no such queue."""
+    out: list[tuple[int, Any]] = []
+    after = 0
+    with ManagementClient(url, timeout=60) as m:
+        while True:
+            r = m.request("BROWSE", "ha-broker", queue, {"after": after})
             if r.status == 404:
                 return []
             assert r.ok, r.description
-            return list(zip(r.body["positions"], r.body["bodies"], strict=True))
+            out.extend(zip(r.body["positions"], r.body["bodies"], strict=True))
+            if not r.body["more"]:
+                return out
+            after = out[-1][0]
 
 
 def kill(b: BrokerProcess) -> None:
