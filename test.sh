@@ -5,12 +5,13 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/setup.sh"
 cd "$ROOT"
 setup_test_debs
-setup_venv test,spark
+setup_venv test,spark,bench
+setup_npm
 install_ocf_agent
 log "ruff"
-"$VENV/bin/ruff" check broker ha spark tests bench
+"$VENV/bin/ruff" check broker ha spark tests bench deploy resource_agents/agent_core.py resource_agents/understudy
 log "mypy"
-"$VENV/bin/mypy" broker ha
+"$VENV/bin/mypy" broker ha deploy resource_agents/agent_core.py
 log "pytest"
 if [[ $# -eq 0 ]]; then set -- -m "not soak"; fi
 exec "$VENV/bin/pytest" "$@"

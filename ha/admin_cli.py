@@ -109,3 +109,29 @@ def replicate(obj: Ctx, queue: str, level: str) -> None:
 
 def main() -> None:
     cli()
+
+
+@cli.command("pacemaker-setup")
+@click.option("--vip", required=True, help="the virtual IP clients use")
+@click.option("--brokers-url", required=True, help="host:port of every broker, comma separated (never the VIP)")
+@click.option("--public-url", default=None, help="what clients use (default VIP:PORT)")
+@click.option("--port", default=5672, show_default=True)
+@click.option("--data-dir", default="/var/lib/understudy", show_default=True)
+@click.option("--bindir", default=None, help="directory of ha-broker and ha-admin on every node")
+@click.option("--nic", default=None, help="interface for the VIP")
+@click.option("--cidr-netmask", default=24, show_default=True)
+@click.option("--param", multiple=True, metavar="KEY=VALUE", help="extra agent parameter")
+@click.option("--dry-run", is_flag=True, help="print the pcs commands only")
+def pacemaker_setup(vip: str, brokers_url: str, public_url: str | None, port: int, data_dir: str,
+                    bindir: str | None, nic: str | None, cidr_netmask: int, param: tuple[str, ...],
+                    dry_run: bool) -> None:
+    """Create the promotable broker clone, the IPaddr2 VIP and their constraints with pcs (prints each command)."""
+    from ha.pacemaker import run_setup, setup_commands, setup_from_options
+
+    try:
+        extra = dict(kv.split("=", 1) for kv in param)
+        setup = setup_from_options(vip, brokers_url, public_url=public_url, port=port, data_dir=data_dir,
+                                   bindir=bindir, nic=nic, cidr_netmask=cidr_netmask, extra_params=extra)
+    except ValueError as e:
+        fail(str(e))
+    sys.exit(1 if run_setup(setup_commands(setup), dry_run, click.echo) else 0)

@@ -61,6 +61,20 @@ setup_venv() {
     fi
 }
 
+# rhea (npm) for the interop tests, from the committed lock file; only when the lock changed.
+setup_npm() {
+    local dir="$ROOT/tests/interop"
+    [[ -f "$dir/package-lock.json" ]] || return 0
+    command -v npm >/dev/null || { log "npm missing: interop tests with rhea will be skipped"; return 0; }
+    local want stamp="$dir/node_modules/.understudy-lock"
+    want=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+    if [[ ! -f "$stamp" || $(cat "$stamp") != "$want" ]]; then
+        log "npm ci (tests/interop)"
+        npm ci --prefix "$dir" --no-audit --no-fund --silent >&2
+        echo "$want" >"$stamp"
+    fi
+}
+
 # The OCF agent lives in the repo; Pacemaker finds it under /usr/lib/ocf/resource.d/understudy/.
 install_ocf_agent() {
     [[ $(id -u) -eq 0 ]] || return 0

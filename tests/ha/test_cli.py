@@ -76,3 +76,14 @@ def test_understudy_cluster_starts_a_working_local_cluster(tmp_path: Path) -> No
     assert "READY: clients use the URL list" in r.stderr
     assert "primary" in r.stderr and r.stderr.count("ready") >= 2
     assert (tmp_path / "broker1" / "events.log").exists()
+
+
+def test_pacemaker_setup_dry_run_prints_the_pcs_commands() -> None:
+    r = run("ha-admin", "pacemaker-setup", "--vip", "10.0.0.100", "--brokers-url",
+            "10.0.0.1:5672,10.0.0.2:5672,10.0.0.3:5672", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(line.startswith("(dry run) ") for line in lines)
+    text = r.stdout
+    assert "ocf:understudy:understudy" in text and "promotable" in text and "ocf:heartbeat:IPaddr2" in text
+    assert "colocation" in text and "order" in text and "cib-push" in text
