@@ -39,10 +39,11 @@ class Cluster:
         self.members: dict[str, Member] = {}
 
     def add(self, name: str, position: int = 0, epoch: int = 0, state: str = "ready", contend: bool = True,
-            via_proxy: bool = False, callbacks: Callbacks | None = None) -> ZooKeeperCoordinator:
-        client, proxy = self.zk.client(session_timeout=SESSION, via_proxy=via_proxy)
+            via_proxy: bool = False, callbacks: Callbacks | None = None,
+            session: float = SESSION) -> ZooKeeperCoordinator:
+        client, proxy = self.zk.client(session_timeout=session, via_proxy=via_proxy)
         coordinator = ZooKeeperCoordinator(self.zk.hosts, PATH, name, f"127.0.0.1:{5672 + len(self.members)}",
-                                           session_timeout=SESSION, client=client)
+                                           session_timeout=session, client=client)
         coordinator.start(callbacks or self.rec.callbacks(name))
         coordinator.publish(MemberRecord(name, coordinator.address, "backup", state, epoch, position))
         if contend:
@@ -172,7 +173,9 @@ def test_epochs_strictly_increase_across_elections(cluster: Cluster, zk: ZkTest)
 
 
 def test_stopped_server_suspends_the_leader_and_restart_resumes_it(cluster: Cluster, zk: ZkTest) -> None:
-    leader = cluster.add("b1")
+    # A session long enough to outlive a ZooKeeper restart on a loaded machine (JVM start can take seconds):
+    # this test is about resuming the same session, not about expiry.
+    leader = cluster.add("b1", session=15.0)
     cluster.wait_leader("b1", epoch=1)
 
     zk.server.stop()
