@@ -502,7 +502,7 @@ class QueueReplicator(Handler):  # type: ignore[misc]
             pos = int(rest)
             if pos not in q.entries and not q.deleted:
                 try:
-                    q.enqueue(decode_payload(data), position=pos, replicated=True)
+                    q.enqueue(decode_payload(data, trusted=True), position=pos, replicated=True)
                 except MalformedMessage as e:
                     log.error("ha.replication.error", queue=q.name, position=pos, description=str(e))
         elif kind == P.TAG_DEQUEUE:
