@@ -6,6 +6,7 @@ the HA layer attaches itself without broker/ knowing about it.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -103,6 +104,10 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         cfg.pid_file.write_text(f"{os.getpid()}\n")
     signal.signal(signal.SIGTERM, lambda *_: server.shutdown("sigterm"))
     signal.signal(signal.SIGINT, lambda *_: server.shutdown("sigint"))
+    # Queues keep many long-lived objects: collect the young generation less often and keep start-up objects out
+    # of every collection (the recipes measured GC as a large share of CPU with deep queues).
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     container = Container(server)
     container.container_id = bid
     try:
