@@ -142,13 +142,12 @@ READY_MARK_WINDOW = 60.0  # seconds a ready mark vouches for a backup that has j
 def effective_status(
     status: BrokerStatus, mark: ReadyMark | None, now: float, sole_member: bool = False
 ) -> BrokerStatus:
-    """Treat a backup that was *ready* until its primary vanished as still ready.
+    """The status promotion decisions use.
 
-    The broker drops a ready backup to ``joining`` when it loses its primary (docs/states.md), which is exactly
-    when Pacemaker wants to promote it. A ready backup held every message the primary settled, so if monitor saw
-    it ready in the same epoch moments ago and it has not connected to anything since (still ``joining``, same
-    epoch), it is as good a candidate as before. Such a status is ``ready`` with ``lost_primary`` set, and its
-    promote needs ``--force`` because the broker itself only sees ``joining``.
+    A ready backup that loses its primary stays ``ready`` in the broker itself (docs/states.md), so it remains a
+    candidate without help from the agent; a ``joining`` broker is never vouched for (the ready mark is kept for
+    the operator's information only: a backup that went back to joining may have been dropped by a primary that
+    carried on without it).
 
     A broker whose ``brokers_url`` names only itself (``sole_member``) is always a candidate: no other broker can
     hold a message it lacks.
@@ -157,14 +156,6 @@ def effective_status(
         return BrokerStatus(
             "backup", "ready", status.epoch, status.position, lost_primary=status.state != "ready"
         )
-    if (
-        status.role == "backup"
-        and status.state == "joining"
-        and mark is not None
-        and mark.epoch == status.epoch
-        and 0 <= now - mark.at <= READY_MARK_WINDOW
-    ):
-        return BrokerStatus("backup", "ready", status.epoch, status.position, lost_primary=True)
     return status
 
 

@@ -80,15 +80,13 @@ def test_bootstrap_score_only_for_a_brand_new_cluster_while_nobody_serves() -> N
     assert core.promotion_score("n1", backup("catchup"), {"n1": backup("catchup")}) is None
 
 
-def test_a_ready_backup_that_just_lost_its_primary_stays_a_candidate() -> None:
-    orphan = backup("joining", epoch=3, position=100)
-    mark = core.ReadyMark(epoch=3, at=1000.0)
-    eff = core.effective_status(orphan, mark, now=1005.0)
-    assert eff.is_ready_backup and eff.lost_primary
-    assert BrokerStatus.decode(eff.encode()) == eff
+def test_a_ready_backup_that_lost_its_primary_is_promoted_without_force() -> None:
+    orphan = backup("ready", epoch=3, position=100)  # the broker stays ready when its primary vanishes
+    eff = core.effective_status(orphan, core.ReadyMark(epoch=3, at=1000.0), now=1005.0)
+    assert eff == orphan
     assert core.promotion_score("n2", eff, {"n2": eff}) == core.BEST_READY_SCORE
     d = core.decide_promote("n2", eff, {"n2": eff})
-    assert d.action is PromoteAction.PROMOTE and d.force and d.epoch == 4
+    assert d.action is PromoteAction.PROMOTE and not d.force and d.epoch == 4
 
 
 def test_the_only_broker_of_a_one_broker_cluster_is_always_a_candidate() -> None:
@@ -110,6 +108,8 @@ def test_the_only_broker_of_a_one_broker_cluster_is_always_a_candidate() -> None
         ),  # a new primary came and went
         (backup("catchup", epoch=3), core.ReadyMark(epoch=3, at=1000.0), 1001.0),  # reconnected, catching up
         (backup("joining", epoch=3), None, 1001.0),
+        # a backup back in joining within the window: maybe dropped by a primary that carried on without it
+        (backup("joining", epoch=3), core.ReadyMark(epoch=3, at=1000.0), 1005.0),
     ],
 )
 def test_no_ready_mark_no_candidate(status: BrokerStatus, mark: core.ReadyMark | None, now: float) -> None:
