@@ -324,6 +324,16 @@ class Server:
             t.close_head()
 
     @guarded
+    def on_transport_error(self, event: Any) -> None:
+        # Failed logins end here, before any connection opens: say so (the client only sees its own error).
+        c, t = event.connection, event.transport
+        cond = t.condition if t is not None else None
+        if cond is not None and cond.name == "amqp:unauthorized-access" and c is not None and c not in self.conns \
+                and not c.state & Endpoint.LOCAL_ACTIVE:
+            log.warning("connection.refused", remote=_remote(c), condition=cond.name, description=cond.description,
+                        user=t.user if t is not None else None)
+
+    @guarded
     def on_transport_closed(self, event: Any) -> None:
         c = event.connection
         if c is not None and c in self.conns:
@@ -906,3 +916,10 @@ def _data_object(d: Any) -> Any:
     if d.next() is None:
         return None
     return d.get_object()
+
+
+def _remote(c: Connection) -> str:
+    try:
+        return f"{c.url.host}:{c.url.port}"  # type: ignore[attr-defined]
+    except Exception:
+        return ""

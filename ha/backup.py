@@ -71,6 +71,8 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.replicators: dict[str, QueueReplicator] = {}
         self.wiring_ready = False
         self._reconnect_task: Any = None
+        self._attempt_address: str | None = None
+        self._failed: dict[str, str] = {}  # address -> last failure logged
 
     # ----- connection lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,6 +124,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
                       allowed_mechs="PLAIN")
         assert self.server.container is not None
         self.connected = False
+        self._attempt_address = f"{host}:{port}"
         self.conn = self.server.container.connect(url=f"{host}:{port}", handler=self, **kw)
         # A dead host (link down, no RST) would leave the TCP connect hanging: give each attempt a deadline.
         attempt = self.conn
@@ -156,6 +159,10 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             log.warning("ha.primary.lost", primary=self.primary_name, address=self.primary_address, reason=reason)
             if self.node.state == HaState.CATCHUP:
                 self.node.set_state(HaState.JOINING, f"primary lost: {reason}")
+        elif self._attempt_address is not None and self._failed.get(self._attempt_address) != reason:
+            # Each distinct failure per address once (not every retry): a wrong password must not go unnoticed.
+            self._failed[self._attempt_address] = reason
+            log.warning("ha.connect.failed", address=self._attempt_address, reason=reason)
         self._schedule_reconnect()
 
     def _teardown(self) -> None:
@@ -186,6 +193,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             self.node.adopt_epoch(theirs)
         self.connected = True
         self.failures = 0
+        self._failed.clear()
         self.primary_name = str(name)
         self.primary_address = str(props.get(P.PROP_ADDRESS, ""))
         self.node.primary_public_url = props.get(P.PROP_PUBLIC_URL) or self.primary_address

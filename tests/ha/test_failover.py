@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -143,32 +142,33 @@ def test_acquired_but_unsettled_messages_are_on_the_backup_and_redelivered_after
 
 
 def test_promotion_refused_in_catchup_and_allowed_with_force(cluster: Make) -> None:
+    from tests.support.bulk import fill
+
     c = cluster(2)
+    c[1].args += ["--ha-flow-messages", "1"]  # one catch-up message at a time: catch-up takes seconds
     c.start(0)
     c.promote(0)
     with mgmt(c[0].url) as m:
         m.call("CREATE", "queue", "big", {})
-    conn = connect(c[0].url)
-    s = conn.create_sender("big")
-    for i in range(3000):
-        s.send(Message(body="x" * 2000 + str(i)))
-    conn.close()
-    # Freeze the primary right after the backup starts catching up: the backup stays in catchup.
+    fill(c[0].url, "big", 20_000)
     c.start(1)
-    c.wait_state(1, "catchup", "joining", timeout=20)
-    c[0].signal(signal.SIGSTOP)
+    c.wait_state(1, "catchup", timeout=20)
+    c[0].signal(signal.SIGSTOP)  # the backup stays in catchup
     try:
-        st = Cluster.status(c[1])
-        if st["state"] == "ready":
-            pytest.skip("catch-up finished before the primary could be frozen")
+        assert Cluster.status(c[1])["state"] == "catchup"
         r = Cluster.admin(c[1], "promote")
         assert r.returncode == 1
-        assert "refusing to promote a backup in state" in r.stderr
+        assert "refusing to promote a backup in state catchup" in r.stderr
+        assert Cluster.status(c[1])["role"] == "backup"
         r = Cluster.admin(c[1], "promote", "--force")
         assert r.returncode == 0, r.stderr
         assert "WARNING" in r.stderr
+        st = Cluster.status(c[1])
+        assert st["role"] == "primary" and st["epoch"] == 2
+        forced = [e for e in c[1].events() if e["event"] == "ha.promoted"]
+        assert forced and forced[0]["forced"] is True and forced[0]["from_state"] in ("catchup", "joining")
     finally:
-        os.kill(c[0].proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        c[0].signal(signal.SIGCONT)
 
 
 def test_sigstopped_backup_does_not_block_the_primary_beyond_two_heartbeats(cluster: Make) -> None:
@@ -273,3 +273,24 @@ def test_backup_skips_an_address_that_never_answers(cluster: Make) -> None:
         print(f"\nbackup ready {time.monotonic() - t0:.2f}s after start despite a silent first address")
     finally:
         tarpit.close()
+
+
+def test_a_frozen_backup_turns_into_backpressure_not_memory(cluster: Make) -> None:
+    """While a guarding backup does not acknowledge, publishers get no more credit than the window."""
+    c = cluster(2, "--credit-window", "200", heartbeat=10.0)  # slow heartbeat: the backup is not dropped
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "bp", {})
+    c[1].signal(signal.SIGSTOP)
+    filler = subprocess.Popen([sys.executable, "-c", "import sys; from tests.support.bulk import fill; "
+                               "fill(sys.argv[1], 'bp', 3000)", c[0].url], cwd=ROOT)
+    try:
+        time.sleep(3.0)
+        with mgmt(c[0].url) as m:
+            depth = m.call("READ", "queue", "bp").body["depth"]
+        assert filler.poll() is None, "all 3000 were settled although the backup acknowledged nothing"
+        assert 0 < depth <= 200 + 50, f"{depth} messages accepted past a 200-message window"
+    finally:
+        c[1].signal(signal.SIGCONT)
+    assert filler.wait(60) == 0  # the backup catches up, settlements flow again
+    wait_for(lambda: len(c.queue_entries(1, "bp")) == 3000, 20, what="backup holds all 3000")
