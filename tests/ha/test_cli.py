@@ -87,3 +87,16 @@ def test_pacemaker_setup_dry_run_prints_the_pcs_commands() -> None:
     text = r.stdout
     assert "ocf:understudy:understudy" in text and "promotable" in text and "ocf:heartbeat:IPaddr2" in text
     assert "colocation" in text and "order" in text and "cib-push" in text
+
+
+def test_zookeeper_timing_rules_are_checked_at_start_up() -> None:
+    base = ["ha-broker", "--ha-cluster", "--ha-brokers-url", "127.0.0.1:1", "--ha-coordinator", "zookeeper",
+            "--zk-hosts", "127.0.0.1:2181"]
+    bad = run(*base, "--zk-session-timeout", "1", "--ha-heartbeat", "2", "--validate-config")
+    assert bad.returncode == 2
+    assert "--zk-session-timeout" in bad.stderr or "--ha-heartbeat" in bad.stderr
+    good = run(*base, "--zk-session-timeout", "4", "--ha-heartbeat", "1", "--validate-config")
+    assert good.returncode == 0, good.stderr
+    missing = run("ha-broker", "--ha-cluster", "--ha-brokers-url", "127.0.0.1:1", "--ha-coordinator", "zookeeper",
+                  "--validate-config")
+    assert missing.returncode == 2 and "--zk-hosts" in missing.stderr
