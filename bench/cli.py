@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat, report
+from bench.catchup import run_catchup
+from bench.ours import OursReplicated
 from bench.phases import PhaseSpec, run_phase
 from bench.scenarios import DEFAULT, SCENARIOS
 from bench.targets import Target
@@ -24,10 +26,12 @@ from bench.targets import Target
 RESULTS = Path(__file__).resolve().parent / "results"
 PRESETS: dict[str, dict[str, Any]] = {
     # ~1-2 minutes for the three default targets on a 2-core machine
-    "quick": {"messages": 20_000, "latency_messages": 1_000, "repeat": 1},
-    # a few minutes; medians of 3
-    "full": {"messages": 100_000, "latency_messages": 5_000, "repeat": 3},
+    "quick": {"messages": 20_000, "latency_messages": 1_000, "repeat": 1, "catchup_messages": "100000"},
+    # a few minutes plus the catch-up of 1M messages per replicated target; medians of 3
+    "full": {"messages": 100_000, "latency_messages": 5_000, "repeat": 3, "catchup_messages": "100000,1000000"},
 }
+LOAD_PHASES = ("publish", "e2e", "latency")
+ALL_PHASES = (*LOAD_PHASES, "catchup")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,7 +39,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="sizes for a quick or a full run")
     p.add_argument("--targets", default=",".join(DEFAULT),
                    help=f"comma list of {', '.join(SCENARIOS)} [{','.join(DEFAULT)}]")
-    p.add_argument("--phases", default="publish,e2e,latency", help="comma list of publish,e2e,latency")
+    p.add_argument("--phases", default=",".join(ALL_PHASES),
+                   help=f"comma list of {','.join(ALL_PHASES)} (catchup: replicated targets only) [all]")
+    p.add_argument("--catchup-messages",
+                   help="comma list of queue depths for the catch-up phase, one run each "
+                        "[quick: 100000; full: 100000,1000000]")
     p.add_argument("--messages", type=int, help="messages per publish / e2e phase (all publishers together)")
     p.add_argument("--latency-messages", type=int, help="messages in the sync latency phase")
     p.add_argument("--duration", type=float, help="cap each publisher at this many seconds (count still caps)")
@@ -59,6 +67,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [t for t in args.targets.split(",") if t not in SCENARIOS]
     if unknown:
         p.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    bad = [ph for ph in args.phases.split(",") if ph not in ALL_PHASES]
+    if bad:
+        p.error(f"unknown phase(s) {', '.join(bad)}; known: {', '.join(ALL_PHASES)}")
+    try:
+        args.catchup_sizes = [int(v) for v in str(args.catchup_messages).split(",") if v.strip()]
+    except ValueError:
+        p.error(f"--catchup-messages: a comma list of integers, not {args.catchup_messages!r}")
     return args
 
 
@@ -70,7 +85,7 @@ def phase_specs(args: argparse.Namespace) -> list[PhaseSpec]:
         "e2e": PhaseSpec("e2e", args.publishers, args.consumers, args.messages, window=args.window, **common),
         "latency": PhaseSpec("latency", 1, 0, args.latency_messages, window=1, **common),
     }
-    return [specs[name] for name in args.phases.split(",")]
+    return [specs[name] for name in args.phases.split(",") if name in specs]
 
 
 def machine() -> dict[str, Any]:
@@ -108,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="understudy-bench-"))
     specs = phase_specs(args)
     runs: list[dict[str, Any]] = []
+    catchups: list[dict[str, Any]] = []
+    do_catchup = "catchup" in args.phases.split(",")
     infos: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     names = args.targets.split(",")
@@ -130,6 +147,14 @@ def main(argv: list[str] | None = None) -> None:
                                   f"broker {r['broker_us_per_msg']:.1f} µs/msg"
                                   + (f", p50 {r['latency_ms']['p50']:.3f} ms" if r["latency_ms"] else "")
                                   + (f", ERRORS {r['errors']}" if r["errors"] else ""), file=sys.stderr, flush=True)
+                    if do_catchup and isinstance(target, OursReplicated):
+                        for n in args.catchup_sizes:
+                            c = run_catchup(target, n, args.size, args.durable).as_dict()
+                            catchups.append(c)
+                            print(f"   {name} catchup {n}: ready after {c['seconds']:.1f} s "
+                                  f"(start-up {c['startup_seconds']:.1f} s), {c['catchup_rate']:,.0f} msg/s, "
+                                  f"broker {c['broker_us_per_msg']:.1f} µs/msg"
+                                  + (f", ERRORS {c['errors']}" if c["errors"] else ""), file=sys.stderr, flush=True)
             except Exception as e:
                 failures[name] = f"{type(e).__name__}: {e}"
                 traceback.print_exc()
@@ -139,10 +164,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     kinds = {n: i["kind"] for n, i in infos.items()}
-    table = report.markdown(runs, names, kinds)
+    table = report.markdown(runs, names, kinds, catchups)
     out = {"started": started.isoformat(), "machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v)
                                                                            for k, v in vars(args).items()},
-           "targets": infos, "failures": failures, "runs": runs, "table_markdown": table}
+           "targets": infos, "failures": failures, "runs": runs, "catchup": catchups,
+           "table_markdown": table}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -172,10 +173,23 @@ class OursReplicated(OursStandalone):
     def create_queue(self, queue: str) -> None:
         super().create_queue(queue)
         for b in self.members[1:]:
-            _wait_until(functools.partial(_has_queue, b.url, queue), f"{queue} on backup {b.name}")
+            if b.pids():  # a stopped backup (catch-up phase) gets the queue when it rejoins
+                _wait_until(functools.partial(_has_queue, b.url, queue), f"{queue} on backup {b.name}")
 
     def pid_groups(self) -> dict[str, list[int]]:
         return {("primary" if i == 0 else f"backup-{i}"): b.pids() for i, b in enumerate(self.members)}
+
+    def stop_backup(self, i: int) -> None:
+        """Stop backup `i` (1-based) and wipe its data: its next start is a new, empty backup (full catch-up)."""
+        b = self.members[i]
+        b.stop()
+        shutil.rmtree(b.data_dir, ignore_errors=True)
+
+    def start_backup(self, i: int) -> BrokerProc:
+        """Start backup `i` again (same name and port); returns at once, the caller watches its state."""
+        b = self.members[i]
+        b.start()
+        return b
 
     def info(self) -> TargetInfo:
         i = super().info()

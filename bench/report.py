@@ -33,6 +33,30 @@ LOADGEN_KEYS = [("client procs", "client_processes"), ("messages", "messages"), 
 
 INTEGER_KEYS = {"client_processes", "messages"}
 
+#: replicated / unreplicated, same run (issue 3): what replication costs
+REPLICATION_METRICS = [
+    Metric("confirmed publish, msg/s", "publish", "rate", True),
+    Metric("end-to-end, msg/s", "e2e", "rate", True),
+    Metric("sync publish p50, ms", "latency", "latency_ms.p50", False),
+    Metric("sync publish p99, ms", "latency", "latency_ms.p99", False),
+    Metric("broker CPU per msg (all brokers), publish, µs", "publish", "broker_us_per_msg", False),
+    Metric("broker CPU per msg (all brokers), e2e, µs", "e2e", "broker_us_per_msg", False),
+    Metric("broker CPU per msg (all brokers), sync, µs", "latency", "broker_us_per_msg", False),
+]
+
+
+@dataclass(frozen=True)
+class RatioGoal:
+    label: str
+    metric: Metric
+    bound: float  # the replicated / unreplicated ratio must be >= bound (higher_is_better) or <= bound
+
+
+REPLICATION_GOALS = [
+    RatioGoal("replicated confirmed-publish throughput >= 0.8x unreplicated", REPLICATION_METRICS[0], 0.8),
+    RatioGoal("replicated sync-publish p50 <= 1.5x unreplicated", REPLICATION_METRICS[2], 1.5),
+]
+
 
 def _get(row: dict[str, Any], key: str) -> float:
     v: Any = row
@@ -79,7 +103,8 @@ def ratio_pairs(targets: Sequence[str], kinds: dict[str, str]) -> list[tuple[str
     return [(a, b) for a in ours for b in refs]
 
 
-def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict[str, str]) -> str:
+def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict[str, str],
+             catchups: Sequence[dict[str, Any]] = ()) -> str:
     keys = sorted({m.key for m in METRICS} | {k for _, k in LOADGEN_KEYS})
     summary = summarize(runs, keys)
     pairs = ratio_pairs(targets, kinds)
@@ -100,7 +125,62 @@ def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict
     goals = goal_lines(summary, kinds)
     if goals:
         parts += ["", *goals]
+    repl = replication_markdown(summary, present, kinds)
+    if repl:
+        parts += ["", repl]
+    if catchups:
+        parts += ["", catchup_markdown(catchups)]
     return "\n".join(parts)
+
+
+def replicated_targets(targets: Sequence[str], kinds: dict[str, str], unreplicated: str = "ours") -> list[str]:
+    return [t for t in targets if kinds.get(t) == "understudy" and t != unreplicated]
+
+
+def replication_markdown(summary: dict[str, dict[str, dict[str, float]]], targets: Sequence[str],
+                         kinds: dict[str, str], unreplicated: str = "ours") -> str:
+    """Replicated targets against the unreplicated broker of the same run: values, ratios, goal verdicts."""
+    repl = [t for t in replicated_targets(targets, kinds, unreplicated) if t in summary]
+    if unreplicated not in summary or not repl:
+        return ""
+    cols = [unreplicated, *repl]
+    rows = []
+    for m in REPLICATION_METRICS:
+        vals = {t: summary[t].get(m.phase, {}).get(m.key, math.nan) for t in cols}
+        rows.append([m.label, *[_fmt(vals[t]) for t in cols],
+                     *[_fmt(stats.ratio(vals[t], vals[unreplicated])) for t in repl]])
+    table = _table(["metric", *cols, *[f"{t} / {unreplicated}" for t in repl]], rows)
+    return "\n".join(["Replication cost (replicated / unreplicated, same run; CPU summed over primary and backups):",
+                      "", table, "", *replication_goal_lines(summary, repl, unreplicated)])
+
+
+def replication_goal_lines(summary: dict[str, dict[str, dict[str, float]]], replicated: Sequence[str],
+                           unreplicated: str = "ours") -> list[str]:
+    out = []
+    for g in REPLICATION_GOALS:
+        base = summary.get(unreplicated, {}).get(g.metric.phase, {}).get(g.metric.key, math.nan)
+        for t in replicated:
+            v = summary.get(t, {}).get(g.metric.phase, {}).get(g.metric.key, math.nan)
+            r = stats.ratio(v, base)
+            met = (r >= g.bound) if g.metric.higher_is_better else (r <= g.bound)
+            verdict = "n/a" if math.isnan(r) else ("met" if met else "NOT met")
+            out.append(f"- Goal {g.label}: {t} {_fmt(v)} vs {_fmt(base)} -> ratio {_fmt(r)} -> {verdict}")
+    return out
+
+
+CATCHUP_COLUMNS = [("messages", "messages"), ("fill msg/s", "fill_rate"),
+                   ("backup start -> ready, s", "seconds"), ("of which start-up, s", "startup_seconds"),
+                   ("catch-up msg/s", "catchup_rate"), ("broker CPU µs/msg (all brokers)", "broker_us_per_msg"),
+                   ("machine busy share", "machine_busy_share")]
+
+
+def catchup_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """One row per catch-up run: an empty backup joining a primary that holds `messages` messages."""
+    body = [[r["target"], *[_fmt(_get(r, k), integer=k == "messages") for _, k in CATCHUP_COLUMNS],
+             "; ".join(r.get("errors") or []) or "-"] for r in rows]
+    return "\n".join(["Catch-up (an empty backup joins a primary holding the messages; CPU from its first "
+                      "management answer to ready):", "",
+                      _table(["target", *[label for label, _ in CATCHUP_COLUMNS], "errors"], body)])
 
 
 def _loadgen_table(summary: dict[str, dict[str, dict[str, float]]], targets: Sequence[str]) -> str:

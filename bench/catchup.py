@@ -1,0 +1,154 @@
+"""Catch-up phase: how long a new, empty backup takes to become `ready` behind a primary holding N messages.
+
+Timeline (on a started `OursReplicated` target): stop the last backup and wipe its data; create a fresh queue on the
+primary and fill it with N messages (pipelined publisher, every message confirmed); sample broker CPU; start the
+backup (same name and port, empty data dir) and poll its HA state (management `STATUS ha-broker`) until it says
+`ready`; sample CPU again; delete the queue. The other backups (if any) stay ready throughout, so with 2 backups the
+fill is replicated to one of them while the new one catches up alone.
+
+Reported: time from the backup's process start to `ready` (`seconds`), the part of it before the backup answered
+management at all (`startup_seconds`, Python start-up, not catch-up), catch-up msg/s over the rest, and broker CPU of
+the whole set over that rest (per role, and summed per message caught up).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bench import procstat, stats
+from bench.client import PublishLoop, encode_message
+from bench.ours import OursReplicated
+
+FILL_WINDOW = 1000
+POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What the state poll saw, as offsets in seconds from the backup's process start."""
+
+    answered: float  # first STATUS answer (any state); NaN if never
+    ready: float  # first `ready`; NaN if never
+    states: tuple[str, ...]  # distinct states in order of first appearance
+
+
+def timeline(samples: list[tuple[float, str | None]], t0: float) -> Timeline:
+    """Pure: (monotonic time, state or None when unreachable) samples -> first answer, first ready, states seen."""
+    answered = ready = float("nan")
+    states: list[str] = []
+    for t, state in samples:
+        if state is None:
+            continue
+        if answered != answered:  # NaN: first answer
+            answered = t - t0
+        if state not in states:
+            states.append(state)
+        if state == "ready":
+            ready = t - t0
+            break
+    return Timeline(answered, ready, tuple(states))
+
+
+@dataclass
+class CatchupResult:
+    target: str
+    messages: int
+    fill_seconds: float
+    fill_rate: float
+    seconds: float  # backup process start -> ready
+    startup_seconds: float  # backup process start -> first management answer
+    catchup_rate: float  # messages / (seconds - startup_seconds)
+    broker_cpu_seconds: dict[str, float]  # per role, from the backup's first management answer to ready
+    broker_us_per_msg: float  # the whole set's CPU over that interval, per message caught up
+    machine_busy_share: float
+    states: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _StatePoller:
+    """Polls one broker's HA state over a management connection kept open between polls."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: Any = None
+
+    def state(self) -> str | None:
+        from broker.client import ManagementClient, ManagementError
+
+        try:
+            if self.client is None:
+                self.client = ManagementClient(self.url, timeout=5.0)
+            return str(self.client.call("STATUS", "ha-broker").body["state"])
+        except (ManagementError, OSError, KeyError):
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def fill(target: OursReplicated, queue: str, n: int, size: int, durable: bool, give_up: float) -> tuple[int, float]:
+    """Publish n messages to `queue` with many in flight; returns (accepted, seconds)."""
+    loop = PublishLoop(target.client(), target.address(queue), encode_message(size, durable), n, None,
+                       FILL_WINDOW, lambda: None, give_up)
+    r = loop.run()
+    if r.error or r.accepted != n:
+        raise RuntimeError(f"fill {queue}: {r.accepted}/{n} accepted ({r.error})")
+    return r.accepted, r.end - r.start
+
+
+def run_catchup(target: OursReplicated, n: int, size: int, durable: bool = False,
+                give_up: float = 3600.0) -> CatchupResult:
+    backup = target.backups  # the last backup is the one that rejoins empty
+    queue = f"bench-catchup-{uuid.uuid4().hex[:8]}"
+    target.stop_backup(backup)
+    target.create_queue(queue)
+    try:
+        filled, fill_s = fill(target, queue, n, size, durable, give_up)
+        cpu0, m0 = _broker_cpu(target), procstat.machine_busy()
+        t0 = time.monotonic()
+        b = target.start_backup(backup)
+        poller = _StatePoller(b.url)
+        samples: list[tuple[float, str | None]] = []
+        errors: list[str] = []
+        cpu_up: dict[str, float] | None = None
+        try:
+            while True:
+                st = poller.state()
+                samples.append((time.monotonic(), st))
+                if st is not None and cpu_up is None:
+                    cpu_up = _broker_cpu(target)
+                if st == "ready":
+                    break
+                if b.proc is None or b.proc.poll() is not None:
+                    errors.append(f"backup {b.name} exited during catch-up")
+                    break
+                if time.monotonic() - t0 > give_up:
+                    errors.append(f"backup not ready after {give_up}s (last state {st})")
+                    break
+                time.sleep(POLL_SECONDS)
+        finally:
+            poller.close()
+        cpu1, m1 = _broker_cpu(target), procstat.machine_busy()
+    finally:
+        target.delete_queue(queue)
+    tl = timeline(samples, t0)
+    cpu = {k: cpu1[k] - (cpu_up or cpu0).get(k, 0.0) for k in cpu1}
+    return CatchupResult(
+        target=target.name, messages=filled, fill_seconds=fill_s, fill_rate=stats.rate(filled, fill_s),
+        seconds=tl.ready, startup_seconds=tl.answered, catchup_rate=stats.rate(filled, tl.ready - tl.answered),
+        broker_cpu_seconds=cpu, broker_us_per_msg=stats.per_message_us(sum(cpu.values()), filled),
+        machine_busy_share=(m1[0] - m0[0]) / (m1[1] - m0[1]) if m1[1] > m0[1] else 0.0,
+        states=list(tl.states), errors=errors)
+
+
+def _broker_cpu(target: OursReplicated) -> dict[str, float]:
+    return {role: procstat.cpu_seconds(pids) for role, pids in target.pid_groups().items()}
