@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from proton import Message
@@ -15,19 +14,10 @@ from proton.utils import BlockingConnection
 
 from tests.support.amqp import connect, drain, mgmt, send
 from tests.support.cluster import Cluster
+from tests.support.numbered import numbers, spawn
 from tests.support.procs import ROOT, wait_for
 
 Make = Callable[..., Cluster]
-
-
-def numbered(mode: str, urls: list[str], queue: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tests.support.numbered", mode, "--urls", ",".join(urls),
-                             "--queue", queue, "--out", str(out), *extra], cwd=ROOT,
-                            stderr=open(out.with_suffix(".err"), "wb"))
-
-
-def numbers(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def test_backup_refuses_plain_client_with_redirect_but_serves_admin(cluster: Make) -> None:
@@ -72,7 +62,7 @@ def test_backup_joining_mid_stream_receives_everything(cluster: Make) -> None:
     with mgmt(c[0].url) as m:
         m.call("CREATE", "queue", "stream", {})
     out = c[0].workdir / "acked.txt"
-    sender = numbered("send", [c[0].url], "stream", out, "--count", "600")
+    sender = spawn("send", [c[0].url], "stream", out, "--count", "600")
     wait_for(lambda: len(numbers(out)) > 100, 30, what="traffic to start")
     c.start(2)  # joins while messages flow
     assert sender.wait(60) == 0
@@ -89,8 +79,8 @@ def test_kill_primary_under_load_promote_ready_backup_no_acknowledged_message_lo
         m.call("CREATE", "queue", "orders", {})
     work = c[0].workdir
     acked, received = work / "acked.txt", work / "received.txt"
-    sender = numbered("send", c.urls, "orders", acked, "--count", "1500", "--pause", "0.001")
-    receiver = numbered("receive", c.urls, "orders", received, "--idle", "8")
+    sender = spawn("send", c.urls, "orders", acked, "--count", "1500", "--pause", "0.001")
+    receiver = spawn("receive", c.urls, "orders", received, "--idle", "8")
     wait_for(lambda: len(numbers(acked)) > 300 and len(numbers(received)) > 100, 30, what="traffic")
     t0 = time.monotonic()
     c[0].kill()

@@ -11,8 +11,10 @@ trying every URL in turn (a backup refuses clients, so only the primary takes th
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from proton import Message
 from proton.utils import BlockingConnection
@@ -80,6 +82,19 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int) -> i
                 if time.monotonic() > deadline:
                     return 1
     return 0
+
+
+def spawn(mode: str, urls: list[str], queue: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """Run this module as a subprocess (its stderr goes next to `out`, as .err)."""
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.Popen([sys.executable, "-m", "tests.support.numbered", mode, "--urls", ",".join(urls),
+                             "--queue", queue, "--out", str(out), *extra], cwd=root,
+                            stderr=open(out.with_suffix(".err"), "wb"))
+
+
+def numbers(path: Path) -> list[int]:
+    """The numbers a sender confirmed or a receiver accepted so far."""
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
 
 
 def main() -> int:

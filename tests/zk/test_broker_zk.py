@@ -43,6 +43,16 @@ def wait_primary(c: Cluster, timeout: float = 20.0, exclude: int | None = None) 
     return int(wait_for(one, timeout, 0.05, what="one primary")) - 1
 
 
+def start_ready(c: Cluster) -> int:
+    """Start every broker; wait for the elected primary and every backup ready. Returns the primary's index."""
+    c.start()
+    p = wait_primary(c)
+    for i in range(len(c.brokers)):
+        if i != p:
+            c.wait_state(i, "ready")
+    return p
+
+
 def settled_windows(c: Cluster) -> list[dict[str, Any]]:
     return [e for b in c.brokers for e in b.events() if e["event"] == "client.settled"]
 
@@ -66,11 +76,7 @@ def check_history(c: Cluster) -> None:
 
 def test_new_cluster_forms_by_itself_and_failover_is_fast(zk: ZkTest, brokers: BrokerFactory) -> None:
     c = zk_cluster(brokers, zk)
-    c.start()
-    p = wait_primary(c)
-    for i in range(3):
-        if i != p:
-            c.wait_state(i, "ready")
+    p = start_ready(c)
     with mgmt(c[p].url) as m:
         m.call("CREATE", "queue", "q", {})
     conn = connect(c[p].url)
@@ -95,11 +101,7 @@ def test_new_cluster_forms_by_itself_and_failover_is_fast(zk: ZkTest, brokers: B
 def test_sigstopped_primary_never_settles_after_waking_and_rejoins_as_backup(zk: ZkTest,
                                                                            brokers: BrokerFactory) -> None:
     c = zk_cluster(brokers, zk)
-    c.start()
-    p = wait_primary(c)
-    for i in range(3):
-        if i != p:
-            c.wait_state(i, "ready")
+    p = start_ready(c)
     with mgmt(c[p].url) as m:
         m.call("CREATE", "queue", "q", {})
     conn = connect(c[p].url, timeout=30)
@@ -196,30 +198,19 @@ def test_backup_that_is_not_ready_never_wins_and_ha_status_says_the_cluster_wait
 
 def test_leader_killed_under_load_clients_resume_nothing_acknowledged_lost(zk: ZkTest,
                                                                           brokers: BrokerFactory) -> None:
-    import subprocess
-    import sys
     from pathlib import Path
 
-    from tests.support.procs import ROOT
+    from tests.support.numbered import spawn
 
     c = zk_cluster(brokers, zk)
-    c.start()
-    p = wait_primary(c)
-    for i in range(3):
-        if i != p:
-            c.wait_state(i, "ready")
+    p = start_ready(c)
     with mgmt(c[p].url) as m:
         m.call("CREATE", "queue", "orders", {})
     work: Path = c[0].workdir
     acked, received = work / "acked.txt", work / "received.txt"
 
-    def client(mode: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "tests.support.numbered", mode, "--urls", ",".join(c.urls),
-                                 "--queue", "orders", "--out", str(out), *extra], cwd=ROOT,
-                                stderr=open(out.with_suffix(".err"), "wb"))
-
-    sender = client("send", acked, "--count", "1000", "--pause", "0.002")
-    receiver = client("receive", received, "--idle", "8")
+    sender = spawn("send", c.urls, "orders", acked, "--count", "1000", "--pause", "0.002")
+    receiver = spawn("receive", c.urls, "orders", received, "--idle", "8")
     wait_for(lambda: acked.exists() and len(acked.read_text().split()) > 200, 30, what="traffic")
     t0 = time.monotonic()
     c[p].kill()
