@@ -64,7 +64,8 @@ def top_table(counts: Counter[str], total: int, n: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="bench.profile", description=__doc__)
     p.add_argument("--target", default="ours", choices=[t for t in SCENARIOS if t.startswith("ours")])
-    p.add_argument("--phase", default="e2e", choices=["publish", "e2e"])
+    p.add_argument("--phase", default="e2e", choices=["publish", "e2e", "latency"],
+                   help="latency: one publisher, one message at a time")
     p.add_argument("--messages", type=int, default=30_000)
     p.add_argument("--publishers", type=int, default=2)
     p.add_argument("--consumers", type=int, default=2)
@@ -77,8 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     RESULTS.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="understudy-profile-"))
-    spec = PhaseSpec(args.phase, args.publishers, args.consumers if args.phase == "e2e" else 0, args.messages,
-                     None, args.window, 200, 128, False)
+    sync = args.phase == "latency"
+    spec = PhaseSpec(args.phase, 1 if sync else args.publishers, args.consumers if args.phase == "e2e" else 0,
+                     args.messages, None, 1 if sync else args.window, 200, 128, False)
     target = SCENARIOS[args.target]()
     try:
         with target:
