@@ -128,7 +128,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.conn = self.server.container.connect(url=f"{host}:{port}", handler=self, **kw)
         # A dead host (link down, no RST) would leave the TCP connect hanging: give each attempt a deadline.
         attempt = self.conn
-        self.server.schedule(max(1.0, 2 * self.config.ha_heartbeat), lambda: self._attempt_timeout(attempt))
+        self.server.schedule(max(1.0, self.config.ha_heartbeat), lambda: self._attempt_timeout(attempt))
 
     def _attempt_timeout(self, attempt: Any) -> None:
         if self.conn is None or self.connected or attempt != self.conn:
