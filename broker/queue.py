@@ -124,6 +124,18 @@ class Queue:
     def has_available(self) -> bool:
         return not self.locked and any(self._available)
 
+    def has_room(self, msg: Payload) -> bool:
+        """Would a message fit without breaking max-count/max-size (policy reject)? Ring and last-value queues
+        always make room."""
+        o = self.options
+        if o.ring or (o.max_count is None and o.max_size is None):
+            return True
+        if o.lvq_key is not None:
+            return True  # a replacement needs no room; enqueue() decides
+        if o.max_count is not None and self.depth + 1 > o.max_count:
+            return False
+        return not (o.max_size is not None and self.bytes + msg.size > o.max_size)
+
     def _level_of(self, msg: Payload) -> int:
         n = self.options.priority_levels
         if n == 1:

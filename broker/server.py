@@ -30,9 +30,11 @@ from broker.links import (
     PublisherLink,
 )
 from broker.log import fast, get_logger
-from broker.management import Management, Request, Response
+from broker.management import Management
+from broker.management_link import ManagementLink
 from broker.message import Payload, decode_payload
 from broker.queue import Entry, Queue, QueueFull
+from broker.terminus import binding_key_from_filter, node_properties
 from broker.wiring import Wiring, WiringError, WiringEvent
 
 log = get_logger("broker")
@@ -469,7 +471,7 @@ class Server:
 
     def _subscribe_exchange(self, link: Any, st: ConnectionState, exchange: str) -> ConsumerLink:
         ex = self.wiring.exchange(exchange)
-        key = _binding_key_from_filter(link.remote_source.filter)
+        key = binding_key_from_filter(link.remote_source.filter)
         if key is None:
             key = "#" if ex.type == "topic" else ""
         q = self._temp_queue(None)
@@ -478,14 +480,14 @@ class Server:
 
     def _temp_queue(self, properties: Any) -> Queue:
         args: dict[str, Any] = {"exclusive": True, "auto-delete": True}
-        args.update(_node_properties(properties))
+        args.update(node_properties(properties))
         q, _ = self.wiring.declare_queue(f"temp.{uuidlib.uuid4()}", args, temporary=True)
         return q
 
     def _auto_create(self, address: str, properties: Any) -> Queue:
         if not self.config.auto_create_queues:
             raise LinkError("amqp:not-found", f"no queue or exchange named {address!r}")
-        q, _ = self.wiring.declare_queue(address, _node_properties(properties))
+        q, _ = self.wiring.declare_queue(address, node_properties(properties))
         return q
 
     @guarded
@@ -572,16 +574,6 @@ class Server:
             h.push(event)
 
     # ----- message flow -----------------------------------------------------------------------------------------
-    def resolve(self, address: str) -> list[Queue] | None:
-        """Queues a message to `address` goes to; None if the address names nothing."""
-        q = self.wiring.queues.get(address)
-        if q is not None:
-            return [q]
-        ex = self.wiring.exchanges.get(address)
-        if ex is None:
-            return None
-        return self.route_exchange(ex.name, None)
-
     def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
         ex = self.wiring.exchanges[exchange]
         names = ex.route(subject)
@@ -601,7 +593,7 @@ class Server:
                 raise LinkError("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
         targets = self.targets(address, msg)
         for q in targets:
-            if not _has_room(q, msg):
+            if not q.has_room(msg):
                 raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)")
         routed = [(q, q.enqueue(msg)) for q in targets]
         for q, _ in routed:
@@ -631,7 +623,7 @@ class Server:
         if alt is None or alt not in self.wiring.exchanges:
             return
         for target in self.route_exchange(alt, entry.msg.subject):
-            if target is not q and _has_room(target, entry.msg):
+            if target is not q and target.has_room(entry.msg):
                 target.enqueue(entry.msg)
                 if target in self.consumers:
                     self.dirty.add(target)
@@ -805,117 +797,6 @@ class Server:
                 count=h.rejected_since_log,
             )
             h.rejected_since_log = 0
-
-
-class ManagementLink(LinkHandler):
-    """Requests to `$management`; replies go to each request's `reply-to`."""
-
-    def __init__(self, server: Server, link: Link, conn: ConnectionState) -> None:
-        super().__init__(server, link, conn)
-        self.receiver = link
-        link.flow(100)
-
-    def on_delivery(self, delivery: Delivery) -> None:
-        if delivery.partial:
-            return
-        link = self.receiver
-        data = link.recv(delivery.pending)
-        link.advance()
-        req_msg = Message()
-        try:
-            req_msg.decode(data or b"")
-        except Exception as e:
-            delivery.local.condition = Condition("amqp:decode-error", f"cannot decode request: {e}")
-            delivery.update(Delivery.REJECTED)
-            delivery.settle()
-            link.flow(1)
-            return
-        props: dict[Any, Any] = req_msg.properties or {}
-        op = props.get("operation")
-        type_ = props.get("type")
-        name = props.get("name")
-        srv = self.server
-        if not isinstance(op, str) or not isinstance(type_, str):
-            resp = Response(400, "request needs application properties 'operation' and 'type' (strings)")
-        elif name is not None and not isinstance(name, str):
-            resp = Response(400, "application property 'name' must be a string")
-        else:
-            req = Request(op, type_, name, req_msg.body, self.conn.user, self.conn.admin, props)
-            try:
-                resp = srv.management.handle(req)
-            except Exception as e:  # a bug must not take the broker down; answer 500 and log it
-                log.error("management.error", operation=op, type=type_, name=name, exc_info=True)
-                resp = Response(500, f"internal error: {type(e).__name__}: {e}")
-            if op.upper() not in ("READ", "QUERY"):
-                log.info("management.request", operation=op, type=type_, name=name, status=resp.status,
-                         user=self.conn.user)
-        reply = Message(
-            properties={"statusCode": resp.status, "statusDescription": resp.description, **resp.properties},
-            body=resp.body,
-            correlation_id=req_msg.id if req_msg.id is not None else req_msg.correlation_id,
-            address=req_msg.reply_to,
-        )
-        delivery.update(Delivery.ACCEPTED)
-        delivery.settle()
-        link.flow(1)
-        if req_msg.reply_to:
-            srv.deliver_reply(req_msg.reply_to, reply, self.conn)
-
-
-def _has_room(q: Queue, msg: Payload) -> bool:
-    o = q.options
-    if o.ring or (o.max_count is None and o.max_size is None):
-        return True
-    if o.lvq_key is not None:
-        return True  # a replacement needs no room; enqueue() decides
-    if o.max_count is not None and q.depth + 1 > o.max_count:
-        return False
-    return not (o.max_size is not None and q.bytes + msg.size > o.max_size)
-
-
-def _node_properties(properties: Any) -> dict[str, Any]:
-    """Dynamic-node properties (a proton Data) -> queue arguments dict."""
-    try:
-        obj = _data_object(properties)
-    except Exception:
-        raise LinkError("amqp:invalid-field", "cannot decode node properties") from None
-    if not obj:
-        return {}
-    if not isinstance(obj, dict):
-        raise LinkError("amqp:invalid-field", "node properties must be a map")
-    out = {}
-    for k, v in obj.items():
-        out[str(k)] = v
-    # These describe the node, not queue arguments.
-    out.pop("lifetime-policy", None)
-    out.pop("supported-dist-modes", None)
-    return out
-
-
-def _binding_key_from_filter(filt: Any) -> str | None:
-    try:
-        obj = _data_object(filt)
-    except Exception:
-        return None
-    if not isinstance(obj, dict):
-        return None
-    for v in obj.values():
-        value = getattr(v, "value", v)
-        if isinstance(value, str):
-            return value
-    return None
-
-
-def _data_object(d: Any) -> Any:
-    """The first value of a proton Data (terminus properties, filters), or None when empty."""
-    if d is None:
-        return None
-    if not hasattr(d, "rewind"):
-        return d
-    d.rewind()
-    if d.next() is None:
-        return None
-    return d.get_object()
 
 
 def _remote(c: Connection) -> str:

@@ -1,0 +1,71 @@
+"""The `$management` node's link: requests in, replies to each request's `reply-to`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from proton import Condition, Delivery, Link, Message
+
+from broker.links import LinkHandler
+from broker.log import get_logger
+from broker.management import Request, Response
+
+if TYPE_CHECKING:
+    from broker.server import ConnectionState, Server
+
+log = get_logger("broker")
+
+
+class ManagementLink(LinkHandler):
+    """Requests to `$management`; replies go to each request's `reply-to`."""
+
+    def __init__(self, server: Server, link: Link, conn: ConnectionState) -> None:
+        super().__init__(server, link, conn)
+        self.receiver = link
+        link.flow(100)
+
+    def on_delivery(self, delivery: Delivery) -> None:
+        if delivery.partial:
+            return
+        link = self.receiver
+        data = link.recv(delivery.pending)
+        link.advance()
+        req_msg = Message()
+        try:
+            req_msg.decode(data or b"")
+        except Exception as e:
+            delivery.local.condition = Condition("amqp:decode-error", f"cannot decode request: {e}")
+            delivery.update(Delivery.REJECTED)
+            delivery.settle()
+            link.flow(1)
+            return
+        props: dict[Any, Any] = req_msg.properties or {}
+        op = props.get("operation")
+        type_ = props.get("type")
+        name = props.get("name")
+        srv = self.server
+        if not isinstance(op, str) or not isinstance(type_, str):
+            resp = Response(400, "request needs application properties 'operation' and 'type' (strings)")
+        elif name is not None and not isinstance(name, str):
+            resp = Response(400, "application property 'name' must be a string")
+        else:
+            req = Request(op, type_, name, req_msg.body, self.conn.user, self.conn.admin, props)
+            try:
+                resp = srv.management.handle(req)
+            except Exception as e:  # a bug must not take the broker down; answer 500 and log it
+                log.error("management.error", operation=op, type=type_, name=name, exc_info=True)
+                resp = Response(500, f"internal error: {type(e).__name__}: {e}")
+            if op.upper() not in ("READ", "QUERY"):
+                log.info("management.request", operation=op, type=type_, name=name, status=resp.status,
+                         user=self.conn.user)
+        reply = Message(
+            properties={"statusCode": resp.status, "statusDescription": resp.description, **resp.properties},
+            body=resp.body,
+            correlation_id=req_msg.id if req_msg.id is not None else req_msg.correlation_id,
+            address=req_msg.reply_to,
+        )
+        delivery.update(Delivery.ACCEPTED)
+        delivery.settle()
+        link.flow(1)
+        if req_msg.reply_to:
+            srv.deliver_reply(req_msg.reply_to, reply, self.conn)
