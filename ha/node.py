@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 from typing import Any
 
 from proton import Message
@@ -281,7 +280,3 @@ def install(server: Server) -> None:
     """The `ha-broker` plugin: HA when --ha-cluster is set, a plain broker otherwise."""
     if server.config.ha_cluster:
         HaNode(server).install()
-
-
-def data_dir_of(server: Server) -> Path | None:
-    return server.config.data_dir
