@@ -11,7 +11,6 @@ import contextlib
 import functools
 import itertools
 import random
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -544,7 +543,3 @@ class QueueReplicator(Handler):  # type: ignore[misc]
             # A recreated queue (uuid changed) is picked up again by the wiring events; retry others shortly.
             if cond is not None and cond.name != "amqp:not-found" and cond.name != "amqp:precondition-failed":
                 self.backup.server.schedule(0.5, lambda: self.backup._maybe_replicate(self.queue))
-
-
-def now() -> float:
-    return time.time()
