@@ -11,7 +11,7 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from proton import Delivery, Link, Message, Receiver, Sender
+from proton import Condition, Delivery, Link, Message, Receiver, Sender
 
 from broker.message import MalformedMessage, with_delivery_header
 from broker.queue import ACQUIRED, DequeueReason, Entry, Queue, QueueFull
@@ -119,8 +119,6 @@ class PublisherLink(LinkHandler):
         self.server.close_link(self.link, "amqp:link:message-size-exceeded", desc)
 
     def reject(self, delivery: Delivery, condition: str, description: str) -> None:
-        from proton import Condition
-
         self.unsettled -= 1
         if not delivery.settled:
             delivery.local.condition = Condition(condition, description)

@@ -20,6 +20,7 @@ from proton.reactor import LinkOption
 
 from broker.log import get_logger
 from broker.message import MalformedMessage, decode_payload
+from broker.options import QUEUE_ARGUMENTS, QueueOptions, normalize
 from broker.queue import DequeueReason, Queue
 from broker.server import Server
 from broker.wiring import WiringError
@@ -385,8 +386,6 @@ class Backup(MessagingHandler):  # type: ignore[misc]
                 log.error("ha.wiring.error", type="queue", name=name, description=str(e))
                 return
         elif q.arguments != args:
-            from broker.options import QUEUE_ARGUMENTS, QueueOptions, normalize
-
             try:
                 a = normalize(args, QUEUE_ARGUMENTS)
                 q.update_options(a, QueueOptions.from_arguments(a))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
 
 from broker.client import ManagementClient, ManagementError
 from ha import protocol as P
@@ -153,8 +154,6 @@ def main(brokers: int, base_port: int, data_dir: Path, heartbeat: float, status_
                 last_status = now
                 primary = next((m for m in members if m.status and m.status["role"] == "primary"), members[0])
                 try:
-                    from rich.console import Console
-
                     Console(stderr=True, width=120).print(render(collect(primary.url, False, 5.0, None, None)))
                 except ManagementError as e:
                     click.echo(f"ha-status: {e}", err=True)
