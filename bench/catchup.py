@@ -24,6 +24,7 @@ from bench.ours import OursReplicated
 
 FILL_WINDOW = 1000
 POLL_SECONDS = 0.1
+DELETE_TIMEOUT = 300.0  # a queue of 1M messages is not deleted within the management client's usual 5 s
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class CatchupResult:
     broker_cpu_seconds: dict[str, float]  # per role, from the backup's first management answer to ready
     broker_us_per_msg: float  # the whole set's CPU over that interval, per message caught up
     machine_busy_share: float
+    delete_seconds: float = float("nan")  # DELETE of the filled queue afterwards (management round trip)
     states: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -111,6 +113,7 @@ def run_catchup(target: OursReplicated, n: int, size: int, durable: bool = False
     queue = f"bench-catchup-{uuid.uuid4().hex[:8]}"
     target.stop_backup(backup)
     target.create_queue(queue)
+    errors: list[str] = []
     try:
         filled, fill_s = fill(target, queue, n, size, durable, give_up)
         cpu0, m0 = _broker_cpu(target), procstat.machine_busy()
@@ -118,7 +121,6 @@ def run_catchup(target: OursReplicated, n: int, size: int, durable: bool = False
         b = target.start_backup(backup)
         poller = _StatePoller(b.url)
         samples: list[tuple[float, str | None]] = []
-        errors: list[str] = []
         cpu_up: dict[str, float] | None = None
         try:
             while True:
@@ -139,7 +141,14 @@ def run_catchup(target: OursReplicated, n: int, size: int, durable: bool = False
             poller.close()
         cpu1, m1 = _broker_cpu(target), procstat.machine_busy()
     finally:
-        target.delete_queue(queue)
+        # Deleting a deep queue takes the primary a while (and replicates to the backups): a failure here is
+        # reported with the measurement instead of losing it.
+        t_del = time.monotonic()
+        try:
+            target.delete_queue(queue, timeout=DELETE_TIMEOUT)
+        except Exception as e:
+            errors.append(f"deleting {queue}: {type(e).__name__}: {e}")
+        delete_s = time.monotonic() - t_del
     tl = timeline(samples, t0)
     cpu = {k: cpu1[k] - (cpu_up or cpu0).get(k, 0.0) for k in cpu1}
     return CatchupResult(
@@ -147,7 +156,7 @@ def run_catchup(target: OursReplicated, n: int, size: int, durable: bool = False
         seconds=tl.ready, startup_seconds=tl.answered, catchup_rate=stats.rate(filled, tl.ready - tl.answered),
         broker_cpu_seconds=cpu, broker_us_per_msg=stats.per_message_us(sum(cpu.values()), filled),
         machine_busy_share=(m1[0] - m0[0]) / (m1[1] - m0[1]) if m1[1] > m0[1] else 0.0,
-        states=list(tl.states), errors=errors)
+        delete_seconds=delete_s, states=list(tl.states), errors=errors)
 
 
 def _broker_cpu(target: OursReplicated) -> dict[str, float]:

@@ -118,10 +118,10 @@ class OursStandalone(Target):
         with ManagementClient(self._url()) as m:
             m.call("CREATE", "queue", queue, {})
 
-    def delete_queue(self, queue: str) -> None:
+    def delete_queue(self, queue: str, timeout: float = 5.0) -> None:
         from broker.client import ManagementClient
 
-        with ManagementClient(self._url()) as m:
+        with ManagementClient(self._url(), timeout=timeout) as m:
             m.call("DELETE", "queue", queue)
 
     def pid_groups(self) -> dict[str, list[int]]:

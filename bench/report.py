@@ -171,7 +171,7 @@ def replication_goal_lines(summary: dict[str, dict[str, dict[str, float]]], repl
 CATCHUP_COLUMNS = [("messages", "messages"), ("fill msg/s", "fill_rate"),
                    ("backup start -> ready, s", "seconds"), ("of which start-up, s", "startup_seconds"),
                    ("catch-up msg/s", "catchup_rate"), ("broker CPU µs/msg (all brokers)", "broker_us_per_msg"),
-                   ("machine busy share", "machine_busy_share")]
+                   ("machine busy share", "machine_busy_share"), ("queue delete afterwards, s", "delete_seconds")]
 
 
 def catchup_markdown(rows: Sequence[dict[str, Any]]) -> str:

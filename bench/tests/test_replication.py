@@ -57,12 +57,12 @@ def test_the_full_report_carries_the_replication_and_catchup_sections() -> None:
     runs = _runs({"ours": 1000.0, "ours-replicated-1": 700.0}, {"ours": 1.0, "ours-replicated-1": 2.0})
     catchup = {"target": "ours-replicated-1", "messages": 100000, "fill_rate": 9000.0, "seconds": 12.5,
                "startup_seconds": 0.5, "catchup_rate": 8333.3, "broker_us_per_msg": 80.0,
-               "machine_busy_share": 0.95, "errors": []}
+               "machine_busy_share": 0.95, "delete_seconds": 3.25, "errors": []}
     md = report.markdown(runs, ["ours", "ours-replicated-1"], KINDS, [catchup])
     assert "ours-replicated-1 700 vs 1,000 -> ratio 0.70 -> NOT met" in md
     row = next(line for line in md.splitlines() if line.startswith("| ours-replicated-1 | 100000"))
     assert [c.strip() for c in row.split("|")[1:-1]] == ["ours-replicated-1", "100000", "9,000", "12.5", "0.50",
-                                                         "8,333", "80.0", "0.95", "-"]
+                                                         "8,333", "80.0", "0.95", "3.25", "-"]
 
 
 def test_timeline_finds_first_answer_and_first_ready_after_the_process_start() -> None:
