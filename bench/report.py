@@ -105,6 +105,8 @@ def ratio_pairs(targets: Sequence[str], kinds: dict[str, str]) -> list[tuple[str
 
 def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict[str, str],
              catchups: Sequence[dict[str, Any]] = ()) -> str:
+    if not runs:  # e.g. --phases catchup
+        return catchup_markdown(catchups) if catchups else "no results"
     keys = sorted({m.key for m in METRICS} | {k for _, k in LOADGEN_KEYS})
     summary = summarize(runs, keys)
     pairs = ratio_pairs(targets, kinds)

@@ -85,3 +85,10 @@ def test_presets_choose_catchup_depths_and_the_flag_overrides_them() -> None:
         parse_args(["--catchup-messages", "lots"])
     with pytest.raises(SystemExit):
         parse_args(["--phases", "publish,warmup"])
+
+
+def test_a_catchup_only_run_prints_just_the_catchup_table() -> None:
+    catchup = {"target": "ours-replicated-2", "messages": 1000000, "seconds": 75.4, "errors": ["x"]}
+    md = report.markdown([], ["ours-replicated-2"], KINDS, [catchup])
+    assert md.startswith("Catch-up") and "| metric |" not in md
+    assert md.splitlines()[-1].startswith("| ours-replicated-2 | 1000000 |") and md.endswith("| x |")
