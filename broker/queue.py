@@ -316,6 +316,17 @@ class Queue:
             self.dequeue(e, DequeueReason.PURGED)
         return gone
 
+    def drop_all(self) -> int:
+        """Forget every message at once, without per-message observer calls (the queue is being deleted)."""
+        n = len(self.entries)
+        self.entries.clear()
+        self._order = SortedList()
+        self._available = [SortedList() for _ in range(self.options.priority_levels)]
+        self._lvq.clear()
+        self.bytes = 0
+        self.stats.dequeued += n
+        return n
+
     def update_options(self, arguments: dict[str, Any], options: QueueOptions) -> None:
         if options.priority_levels != self.options.priority_levels:
             raise ValueError("priority-levels cannot change")

@@ -21,7 +21,7 @@ from broker.options import (
     QueueOptions,
     normalize,
 )
-from broker.queue import DequeueReason, Queue
+from broker.queue import Queue
 
 
 class WiringError(Exception):
@@ -152,8 +152,7 @@ class Wiring:
                 self.unbind(ident.exchange, ident.queue, ident.key)
         del self.queues[name]
         q.deleted = True
-        for e in list(q.entries.values()):
-            q.dequeue(e, DequeueReason.DELETED)
+        q.drop_all()  # observers learn it from the "deleted" event, not message by message (1M would block)
         self._emit("deleted", "queue", name, {"uuid": q.uuid})
         return q
 
