@@ -118,6 +118,7 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     finally:
         if cfg.pid_file is not None:
             cfg.pid_file.unlink(missing_ok=True)
+    blog.fast.flush()
     blog.get_logger("broker").info("broker.stopped")
     return 0
 

@@ -57,13 +57,17 @@ def get_logger(name: str | None = None) -> Any:
 
 
 class FastEvents:
-    """Writes frequent events (lag samples, settle windows) straight to the log stream in the same JSON-lines
-    schema, without structlog's processor chain: several times cheaper per line."""
+    """Writes frequent events (lag samples, settle windows) in the same JSON-lines schema, without structlog's
+    processor chain, and batched: lines are collected and written together (`flush()`, called by the broker a few
+    times a second and at shutdown), so a busy broker does not pay one write system call per acknowledgement."""
+
+    MAX_PENDING = 512
 
     def __init__(self) -> None:
         self.stream: TextIO | None = None
         self.prefix = ""
         self.min_level = _LEVELS["info"]
+        self.pending: list[str] = []
 
     def configure(self, stream: TextIO, broker: str, level: str) -> None:
         self.stream = stream
@@ -75,11 +79,18 @@ class FastEvents:
             return
         ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = json.dumps(fields, default=str)
-        self.stream.write(
+        self.pending.append(
             f'{{"ts": "{ts}", "level": "info", "event": "{event}", "broker": {self.prefix}, {body[1:]}\n'
             if len(body) > 2
             else f'{{"ts": "{ts}", "level": "info", "event": "{event}", "broker": {self.prefix}}}\n'
         )
+        if len(self.pending) >= self.MAX_PENDING:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending and self.stream is not None:
+            self.stream.write("".join(self.pending))
+            self.pending.clear()
 
 
 fast = FastEvents()

@@ -42,6 +42,7 @@ log = get_logger("broker")
 MANAGEMENT = "$management"
 EVENTS = "$events"
 KIND_PROPERTY = "x-understudy-kind"  # connection property: client | admin | ha
+FAST_LOG_FLUSH = 0.2  # seconds between writes of batched event lines (lag samples, settle windows)
 
 
 class CompletionHolder(Protocol):
@@ -172,6 +173,7 @@ class Server:
         self.acceptor = self.container.listen(f"{self.config.host}:{self.config.port}")
         self.port = self.acceptor._selectable._delegate.getsockname()[1]
         self.schedule(1.0, self._tick)
+        self.schedule(FAST_LOG_FLUSH, self._flush_fast_log)
         log.info(
             "broker.started",
             address=f"{self.config.host}:{self.port}",
@@ -209,6 +211,7 @@ class Server:
                 c.condition = Condition("amqp:connection:forced", f"broker shutting down ({reason})")
                 c.close()
         self._flush_settled_log(force=True)
+        fast.flush()
         self.injector.close()
         self._stop_when_flushed(time.monotonic() + 2.0)
 
@@ -221,6 +224,11 @@ class Server:
             return
         assert self.container is not None
         self.container.stop()
+
+    def _flush_fast_log(self) -> None:
+        fast.flush()
+        if not self._stopping:
+            self.schedule(FAST_LOG_FLUSH, self._flush_fast_log)
 
     def _tick(self) -> None:
         now = time.time()

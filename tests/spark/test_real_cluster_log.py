@@ -33,6 +33,8 @@ def test_report_from_a_real_run_shows_the_failover_and_the_lag(brokers: BrokerFa
     for i in range(200):
         s.send(Message(body=i))
     conn.close()
+    # Lag samples are written in batches (every 0.2 s): let the primary write them before it is killed.
+    wait_for(lambda: sum(e["event"] == "ha.lag" for e in c[0].events()) >= 200, 10, what="b1's lag samples")
     c[0].kill()
     wait_for(lambda: any(e["event"] == "ha.primary.lost" for e in c[1].events()), 15, what="loss noticed")
     c.promote(1)
