@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proton import Delivery, Message
+from proton import Delivery, Message, Timeout
 from proton.reactor import Copy, DynamicNodeProperties
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
@@ -27,31 +27,27 @@ def send(url: str, address: str | None, bodies: list[Any], timeout: float = 10.0
 
 
 def receive(url: str, address: str, n: int, timeout: float = 10.0, browse: bool = False) -> list[Any]:
-    c = connect(url, timeout)
-    try:
-        r = c.create_receiver(address, options=Copy() if browse else None, credit=max(n, 1))
-        out = []
-        for _ in range(n):
-            m = r.receive(timeout=timeout)
-            out.append(m.body)
-            if not browse:
-                r.accept()
-        return out
-    finally:
-        c.close()
+    """Exactly `n` message bodies (accepted unless browsing); fails if they do not come within `timeout` each."""
+    return _take(url, address, n, timeout, browse)
 
 
 def drain(url: str, address: str, timeout: float = 0.5, browse: bool = False) -> list[Any]:
-    """Receive until nothing arrives for `timeout` seconds."""
-    c = connect(url, 10.0)
+    """Every message body until nothing arrives for `timeout` seconds (accepted unless browsing)."""
+    return _take(url, address, None, timeout, browse)
+
+
+def _take(url: str, address: str, n: int | None, timeout: float, browse: bool) -> list[Any]:
+    c = connect(url, max(timeout, 10.0))
     try:
-        r = c.create_receiver(address, options=Copy() if browse else None, credit=1000)
-        out = []
-        while True:
+        r = c.create_receiver(address, options=Copy() if browse else None, credit=max(n or 1000, 1))
+        out: list[Any] = []
+        while n is None or len(out) < n:
             try:
                 m = r.receive(timeout=timeout)
-            except Exception:
-                break
+            except Timeout:
+                if n is None:
+                    break
+                raise
             out.append(m.body)
             if not browse:
                 r.accept()
