@@ -20,6 +20,7 @@ from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from broker import __version__
 from broker.auth import SaslSetup, User
+from broker.client import KIND_PROPERTY  # connection property: client | admin | ha
 from broker.config import BrokerConfig
 from broker.links import (
     Completion,
@@ -41,7 +42,6 @@ log = get_logger("broker")
 
 MANAGEMENT = "$management"
 EVENTS = "$events"
-KIND_PROPERTY = "x-understudy-kind"  # connection property: client | admin | ha
 FAST_LOG_FLUSH = 0.2  # seconds between writes of batched event lines (lag samples, settle windows)
 
 

@@ -15,11 +15,13 @@ that settlement is the acknowledgement the primary waits for.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from broker.client import KIND_PROPERTY
 from broker.options import REPLICATE_KEY
-from broker.queue import Queue
-from broker.server import KIND_PROPERTY
+
+if TYPE_CHECKING:  # (kept out of the import graph of ha-admin/ha-status: they start faster)
+    from broker.queue import Queue
 
 STATUS_ADDRESS = "$ha.status"
 QUEUE_PREFIX = "$ha.queue:"
