@@ -44,6 +44,9 @@ class ClusterSpec:
     name: str
     nodes: tuple[ClusterNode, ...]
     token_ms: int = 1000
+    # Corosync adds this per node beyond two to the token timeout (default 650 ms); 0 makes failure detection
+    # independent of the cluster size: token timeout = token_ms, consensus = 1.2 x token_ms.
+    token_coefficient_ms: int = 0
     log_dir: str = "/var/log/corosync"
 
     def __post_init__(self) -> None:
@@ -81,6 +84,7 @@ def corosync_conf(spec: ClusterSpec) -> str:
         "    crypto_cipher: none",
         "    crypto_hash: none",
         f"    token: {spec.token_ms}",
+        f"    token_coefficient: {spec.token_coefficient_ms}",
         "}",
         "nodelist {",
     ]

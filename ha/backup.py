@@ -11,6 +11,7 @@ import contextlib
 import functools
 import itertools
 import random
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 log = get_logger("ha.backup")
 
 _corr = itertools.count(1)
+
+ATTEMPT_DEADLINE = 1.0  # seconds for TCP connect + AMQP open with one address before trying the next
+AVOID_LOST_PRIMARY = 5.0  # seconds during which the address of a lost primary is tried last
 
 
 class _LinkProperties(LinkOption):
@@ -73,6 +77,8 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self._reconnect_task: Any = None
         self._attempt_address: str | None = None
         self._failed: dict[str, str] = {}  # address -> last failure logged
+        self._lost_address: str | None = None
+        self._avoid_until = 0.0
 
     # ----- connection lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -103,11 +109,16 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         if self.stopped:
             return
         me = (self.config.host, self.server.port)
-        for _ in range(len(self.candidates)):
+        # The primary we just lost is most likely dead, and a dead host can make an attempt hang until its deadline:
+        # for a few seconds try it only when every other address has been tried.
+        avoid = self._lost_address if time.monotonic() < self._avoid_until else None
+        for attempt in range(2 * len(self.candidates)):
             host, port = self.candidates[self.index % len(self.candidates)]
             self.index += 1
             if port == me[1] and host in (me[0], "localhost", "127.0.0.1") and me[0] in ("127.0.0.1", "localhost"):
                 continue  # ourselves (same loopback address); other hosts are recognised by broker id
+            if f"{host}:{port}" == avoid and attempt < len(self.candidates):
+                continue
             break
         else:
             self._schedule_reconnect()
@@ -128,7 +139,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.conn = self.server.container.connect(url=f"{host}:{port}", handler=self, **kw)
         # A dead host (link down, no RST) would leave the TCP connect hanging: give each attempt a deadline.
         attempt = self.conn
-        self.server.schedule(max(1.0, self.config.ha_heartbeat), lambda: self._attempt_timeout(attempt))
+        self.server.schedule(ATTEMPT_DEADLINE, lambda: self._attempt_timeout(attempt))
 
     def _attempt_timeout(self, attempt: Any) -> None:
         if self.conn is None or self.connected or attempt != self.conn:
@@ -156,6 +167,8 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             self.conn.close()
         self.conn = None
         if was:
+            self._lost_address = self._attempt_address
+            self._avoid_until = time.monotonic() + AVOID_LOST_PRIMARY
             log.warning("ha.primary.lost", primary=self.primary_name, address=self.primary_address, reason=reason)
             if self.node.state == HaState.CATCHUP:
                 self.node.set_state(HaState.JOINING, f"primary lost: {reason}")
