@@ -8,12 +8,13 @@ once when it changes (`ha.coordinator.decision`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.log import get_logger
 from ha.coordination.base import Callbacks, ClusterView, Coordinator, MemberRecord
 from ha.coordination.election import Action, Decision, decide
-from ha.coordination.zookeeper import ZooKeeperCoordinator, validate_timing
+from ha.coordination.zookeeper import ZooKeeperCoordinator
 from ha.core.states import HaState
 
 if TYPE_CHECKING:
@@ -108,9 +109,5 @@ class CoordinatedRole:
     def state_changed(self, state: HaState) -> None:
         self.publish()
 
-    def ready_set_changed(self, names: list[str], on_published: object = None) -> None:
-        self.coord.publish_ready_set(names, on_published)  # type: ignore[arg-type]
-
-
-def check_timing(session_timeout: float, heartbeat: float) -> list[str]:
-    return validate_timing(session_timeout, heartbeat)
+    def ready_set_changed(self, names: list[str], on_published: Callable[[], None] | None = None) -> None:
+        self.coord.publish_ready_set(names, on_published)
