@@ -90,6 +90,11 @@ class Primary:
 
     def uninstall(self) -> None:
         s = self.server
+        # Stepping down: what recovery still holds is never confirmed (its clients are disconnected).
+        self.recovery_held = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self in s.holders:
             s.holders.remove(self)
         s.address_handlers.pop(P.QUEUE_PREFIX, None)
