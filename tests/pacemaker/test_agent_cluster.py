@@ -33,6 +33,7 @@ VIP = "10.77.0.100"
 RSC = "understudy"
 PYTHON = str(VENV_BIN / "python")
 CLIENT = str(Path(__file__).with_name("vip_client.py"))
+FAILOVER_GOAL_S = 5.0
 
 
 def setup_for(cluster: Cluster) -> PacemakerSetup:
@@ -213,10 +214,14 @@ def test_crash_of_the_primary_node_fails_over_without_losing_acknowledged_messag
         return min(starts) if starts else None
 
     first = wait_for("the new primary settles a client message", first_settled_by_new_primary, 90)
+    failover = first - crashed_at
     print(
-        f"\nunderstudy failover: {first - crashed_at:.2f}s from SIGKILL of {old.name} to the first client message "
+        f"\nunderstudy failover: {failover:.2f}s from SIGKILL of {old.name} to the first client message "
         f"settled by {new} (goal <= 5 s)"
     )
+    # The goal is 5 s (3-4.5 s measured on an idle 2-core machine); twice that catches a regression without
+    # failing a loaded CI machine.
+    assert failover <= 2 * FAILOVER_GOAL_S, f"failover took {failover:.1f}s"
     wait_for(
         "100 messages through the new primary",
         lambda: sum(ts > crashed_at for ts, _ in sender.acked()) >= 100,

@@ -29,17 +29,38 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
     _stop = True
 
 
-def send(url: str, queue: str, log_path: str, interval: float, timeout: float) -> int:
+def drop(conn: BlockingConnection) -> None:
+    """Forget a broken connection at once.
+
+    ``BlockingConnection.close()`` waits for the peer's close frame and then runs the event loop until the socket
+    is gone: behind a crashed primary (or a VIP that moved) that is until TCP gives up, tens of seconds. Closing
+    the transport first makes the close local and immediate.
+    """
+    transport = conn.conn.transport if conn.conn is not None else None
+    if transport is not None:
+        transport.close_tail()
+        transport.close_head()
+    conn.disconnected = conn.disconnected or "dropped by the client"
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+def send(url: str, queue: str, log_path: str, interval: float, timeout: float, connect_timeout: float) -> int:
     signal.signal(signal.SIGTERM, _on_term)
     n = 1
     with open(log_path, "a", buffering=1) as log:
         while not _stop:
             try:
-                conn = BlockingConnection(url, timeout=timeout, reconnect=False)
+                # A short connect timeout: while the VIP moves, a SYN sent to the old owner's MAC is lost and TCP
+                # would only retry it after 1 s, 3 s, ...; a new attempt every connect_timeout gets through as soon
+                # as the new owner's gratuitous ARP has arrived.
+                conn = BlockingConnection(url, timeout=connect_timeout, reconnect=False)
             except TRANSIENT as exc:
                 print(f"{time.time():.3f} connect: {exc!r}", flush=True)
-                time.sleep(0.1)
+                time.sleep(0.05)
                 continue
+            conn.timeout = timeout
+            print(f"{time.time():.3f} connected", flush=True)
             try:
                 sender = conn.create_sender(queue)
                 while not _stop:
@@ -50,7 +71,8 @@ def send(url: str, queue: str, log_path: str, interval: float, timeout: float) -
                         time.sleep(interval)
             except TRANSIENT as exc:  # resend n on the next connection: at-least-once
                 print(f"{time.time():.3f} message {n}: {exc!r}", flush=True)
-            finally:
+                drop(conn)
+            else:
                 with contextlib.suppress(Exception):
                     conn.close()
     return 0
@@ -79,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue", default="failover")
     p.add_argument("--log", default="sent.log")
     p.add_argument("--interval", type=float, default=0.005)
-    p.add_argument("--timeout", type=float, default=2.0)
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for a settlement")
+    p.add_argument("--connect-timeout", type=float, default=0.5, help="seconds per connection attempt")
     a = p.parse_args(argv)
     if a.mode == "send":
-        return send(a.url, a.queue, a.log, a.interval, a.timeout)
+        return send(a.url, a.queue, a.log, a.interval, a.timeout, a.connect_timeout)
     return drain(a.url, a.queue, a.timeout)
 
 
