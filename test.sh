@@ -9,9 +9,9 @@ setup_venv test,spark,bench
 setup_npm
 install_ocf_agent
 log "ruff"
-"$VENV/bin/ruff" check broker ha spark tests bench deploy resource_agents/agent_core.py resource_agents/understudy
+"$VENV/bin/ruff" check broker ha spark tests bench deploy resource_agents/agent_core.py resource_agents/local_admin.py resource_agents/understudy
 log "mypy"
-"$VENV/bin/mypy" broker ha deploy resource_agents/agent_core.py
+"$VENV/bin/mypy" broker ha deploy resource_agents/agent_core.py resource_agents/local_admin.py
 log "pytest"
 if [[ $# -eq 0 ]]; then set -- -m "not soak"; fi
 exec "$VENV/bin/pytest" "$@"

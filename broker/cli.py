@@ -21,6 +21,7 @@ import click
 from proton.reactor import Container
 
 from broker import log as blog
+from broker.admin_socket import AdminSocket, AdminSocketError
 from broker.auth import SaslSetup, UsersFileError, load_users
 from broker.config import BrokerConfig, ConfigError, load_config
 from broker.server import Server
@@ -35,6 +36,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--log-file", {"type": click.Path(path_type=Path), "help": "JSON-lines event log (default stderr)"}),
     ("--log-level", {"help": "debug|info|warning|error|critical [info]"}),
     ("--pid-file", {"type": click.Path(path_type=Path), "help": "write the process id here"}),
+    ("--admin-socket", {"type": click.Path(path_type=Path), "help": "serve management on this Unix socket (0600)"}),
     ("--auto-create-queues/--no-auto-create-queues", {"default": None, "help": "create queues on attach"}),
     ("--max-message-size", {"type": int, "help": "largest accepted message in bytes [10 MiB]"}),
     ("--sasl-mechanisms", {"help": "space or comma separated: ANONYMOUS PLAIN"}),
@@ -99,6 +101,13 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         server.sasl_dir = setup.directory
     for p in plugins:
         p(server)
+    admin = AdminSocket(cfg.admin_socket, server) if cfg.admin_socket is not None else None
+    if admin is not None:
+        try:
+            admin.open()
+        except AdminSocketError as e:
+            click.echo(f"ha-broker: --admin-socket: {e}", err=True)
+            return 1
     if cfg.pid_file is not None:
         cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
         cfg.pid_file.write_text(f"{os.getpid()}\n")
@@ -116,6 +125,8 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         click.echo(f"ha-broker: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", err=True)
         return 1
     finally:
+        if admin is not None:
+            admin.close()
         if cfg.pid_file is not None:
             cfg.pid_file.unlink(missing_ok=True)
     blog.fast.flush()

@@ -6,6 +6,7 @@ carries it and the reason, so an operator can fix the command line or the file w
 
 from __future__ import annotations
 
+import os
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 VALID_MECHS = ("ANONYMOUS", "PLAIN")
+UNIX_SOCKET_PATH_MAX = 107  # bytes: sockaddr_un.sun_path is 108 including the terminating NUL
 
 
 class ReplicateLevel(StrEnum):
@@ -59,6 +61,7 @@ class BrokerConfig(BaseModel):
     log_file: Path | None = None
     log_level: str = "info"
     pid_file: Path | None = None
+    admin_socket: Path | None = None
     auto_create_queues: bool = False
     max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024)
     sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN")
@@ -89,6 +92,13 @@ class BrokerConfig(BaseModel):
         if lv not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError("must be one of debug, info, warning, error, critical")
         return lv
+
+    @field_validator("admin_socket")
+    @classmethod
+    def _admin_socket(cls, v: Path | None) -> Path | None:
+        if v is not None and len(os.fsencode(v)) > UNIX_SOCKET_PATH_MAX:
+            raise ValueError(f"longer than {UNIX_SOCKET_PATH_MAX} bytes (the limit of a Unix socket path)")
+        return v
 
     @field_validator("sasl_mechanisms", mode="before")
     @classmethod

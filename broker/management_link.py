@@ -50,14 +50,7 @@ class ManagementLink(LinkHandler):
             resp = Response(400, "application property 'name' must be a string")
         else:
             req = Request(op, type_, name, req_msg.body, self.conn.user, self.conn.admin, props)
-            try:
-                resp = srv.management.handle(req)
-            except Exception as e:  # a bug must not take the broker down; answer 500 and log it
-                log.error("management.error", operation=op, type=type_, name=name, exc_info=True)
-                resp = Response(500, f"internal error: {type(e).__name__}: {e}")
-            if op.upper() not in ("READ", "QUERY"):
-                log.info("management.request", operation=op, type=type_, name=name, status=resp.status,
-                         user=self.conn.user)
+            resp = srv.handle_management(req)
         reply = Message(
             properties={"statusCode": resp.status, "statusDescription": resp.description, **resp.properties},
             body=resp.body,

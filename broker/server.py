@@ -31,7 +31,7 @@ from broker.links import (
     PublisherLink,
 )
 from broker.log import fast, get_logger
-from broker.management import Management
+from broker.management import Management, Request, Response
 from broker.management_link import ManagementLink
 from broker.message import Payload, decode_payload
 from broker.queue import Entry, Queue, QueueFull
@@ -183,6 +183,18 @@ class Server:
         )
         for fn in self.on_started:
             fn()
+
+    def handle_management(self, req: Request) -> Response:
+        """One management request, whatever carried it (`$management` link or the admin socket)."""
+        try:
+            resp = self.management.handle(req)
+        except Exception as e:  # a bug must not take the broker down; answer 500 and log it
+            log.error("management.error", operation=req.operation, type=req.type, name=req.name, exc_info=True)
+            resp = Response(500, f"internal error: {type(e).__name__}: {e}")
+        if req.operation.upper() not in ("READ", "QUERY"):
+            log.info("management.request", operation=req.operation, type=req.type, name=req.name,
+                     status=resp.status, user=req.user)
+        return resp
 
     def schedule(self, delay: float, fn: Callable[[], None]) -> Any:
         assert self.container is not None

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from broker.client import ManagementClient, ManagementError
+from broker import admin_socket
+from broker.client import ManagementClient, ManagementError, Reply
 from ha import protocol as P
 
 
@@ -18,28 +20,39 @@ def fail(message: str) -> NoReturn:
 
 
 class Ctx:
-    def __init__(self, broker: str, timeout: float, user: str | None, password: str | None) -> None:
+    def __init__(
+        self, broker: str, timeout: float, user: str | None, password: str | None, socket: Path | None
+    ) -> None:
         self.broker = broker
         self.timeout = timeout
         self.user = user
         self.password = password
+        self.socket = socket
 
-    def client(self) -> ManagementClient:
+    @property
+    def target(self) -> str:
+        return str(self.socket) if self.socket is not None else self.broker
+
+    def request(self, operation: str, type_: str, name: str | None = None, body: Any = None) -> Reply:
+        """One management request, over the admin socket if given, else AMQP; exits 1 without an answer."""
+        if self.socket is not None:
+            try:
+                r = admin_socket.request(self.socket, operation, type_, name, body, self.timeout)
+            except admin_socket.AdminSocketError as e:
+                fail(str(e))
+            return Reply(r.status, r.description, r.body, r.properties)
         try:
-            return ManagementClient(self.broker, self.timeout, self.user, self.password)
+            with ManagementClient(self.broker, self.timeout, self.user, self.password) as c:
+                return c.request(operation, type_, name, body)
         except ManagementError as e:
             fail(str(e))
 
     def call(self, operation: str, name: str | None = None, body: Any = None) -> dict[str, Any]:
-        with self.client() as c:
-            try:
-                r = c.request(operation, P.MGMT_TYPE, name, body)
-            except ManagementError as e:
-                fail(str(e))
+        r = self.request(operation, P.MGMT_TYPE, name, body)
         if r.status == 400 and "unknown type" in r.description:
-            fail(f"{self.broker} is not an HA broker (started without --ha-cluster)")
+            fail(f"{self.target} is not an HA broker (started without --ha-cluster)")
         if not r.ok:
-            fail(f"{operation.lower()} refused by {self.broker}: {r.description}")
+            fail(f"{operation.lower()} refused by {self.target}: {r.description}")
         return r.body if isinstance(r.body, dict) else {"description": r.description}
 
 
@@ -48,22 +61,28 @@ class Ctx:
 @click.option("--timeout", default=5.0, show_default=True, help="seconds to wait for an answer")
 @click.option("--user", default=None, help="SASL PLAIN user (admin role needed for changes)")
 @click.option("--password", default=None)
+@click.option(
+    "--socket",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="talk to the broker on this host over its admin socket (ha-broker --admin-socket) instead of AMQP",
+)
 @click.pass_context
-def cli(ctx: click.Context, broker: str, timeout: float, user: str | None, password: str | None) -> None:
+def cli(
+    ctx: click.Context, broker: str, timeout: float, user: str | None, password: str | None, socket: Path | None
+) -> None:
     """Operate one Understudy broker."""
-    ctx.obj = Ctx(broker, timeout, user, password)
+    ctx.obj = Ctx(broker, timeout, user, password, socket)
 
 
 @cli.command()
 @click.pass_obj
 def ping(obj: Ctx) -> None:
     """Exit 0 if the broker answers management within the timeout."""
-    with obj.client() as c:
-        try:
-            c.call("READ", "broker")
-        except ManagementError as e:
-            fail(str(e))
-    click.echo(f"{obj.broker} is alive")
+    r = obj.request("READ", "broker", "broker")
+    if not r.ok:
+        fail(f"{obj.target} answered {r.status}: {r.description}")
+    click.echo(f"{obj.target} is alive")
 
 
 @cli.command()
@@ -94,7 +113,7 @@ def promote(obj: Ctx, force: bool, epoch: int | None) -> None:
 def demote(obj: Ctx) -> None:
     """Make a primary step down and rejoin as a backup."""
     obj.call("DEMOTE")
-    click.echo(f"{obj.broker} is stepping down")
+    click.echo(f"{obj.target} is stepping down")
 
 
 @cli.command()

@@ -9,7 +9,7 @@ Standard library only: the agent runs under the system ``python3`` that Pacemake
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -81,19 +81,19 @@ class BrokerStatus:
         )
 
 
-def parse_query(text: str) -> BrokerStatus:
-    """Parse ``ha-admin query`` JSON (contract: name, role, state, epoch, position, ...)."""
+def status_from(data: object) -> BrokerStatus:
+    """The broker's STATUS answer (contract: name, role, state, epoch, position, ...) as a BrokerStatus."""
+    if not isinstance(data, dict):
+        raise ValueError(f"unexpected status answer: not an object: {str(data)[:200]!r}")
     try:
-        data = json.loads(text)
-        status = BrokerStatus(
+        return BrokerStatus(
             role=str(data["role"]),
             state=str(data["state"]),
             epoch=int(data["epoch"]),
             position=int(data["position"]),
         )
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"unexpected ha-admin query output: {exc}: {text[:200]!r}") from exc
-    return status
+        raise ValueError(f"unexpected status answer: {exc!r}: {str(data)[:200]!r}") from exc
 
 
 _ATTRD_LINE = re.compile(r'host="(?P<host>[^"]*)"\s+value="(?P<value>[^"]*)"')
@@ -321,12 +321,14 @@ def check_values(params: Mapping[str, str]) -> list[Problem]:
             bad("monitor_timeout: must be > 0 seconds")
     except ValueError:
         bad(f"monitor_timeout: expected seconds, got {params.get('monitor_timeout')!r}")
-    for key in ("data_dir", "config", "bindir", "log_file", "pid_file"):
+    for key in ("data_dir", "config", "bindir", "log_file", "pid_file", "admin_socket"):
         value = params.get(key, "")
         if value and not value.startswith("/"):
             bad(f"{key}: must be an absolute path, got {value!r}")
     if not params.get("data_dir"):
         bad("data_dir: required")
+    elif len(admin_socket(params).encode()) > UNIX_SOCKET_PATH_MAX:
+        bad(f"admin_socket: {admin_socket(params)!r} is longer than {UNIX_SOCKET_PATH_MAX} bytes")
     try:
         shlex.split(params.get("options", ""))
     except ValueError as exc:
@@ -346,6 +348,7 @@ def broker_command(params: Mapping[str, str], ha_broker: str, node_name: str) ->
         "--data-dir", data_dir,
         "--log-file", params.get("log_file") or f"{data_dir}/broker.log",
         "--pid-file", params.get("pid_file") or f"{data_dir}/broker.pid",
+        "--admin-socket", admin_socket(params),
         "--ha-brokers-url", params["brokers_url"],
     ]  # fmt: skip
     if params.get("public_url"):
@@ -355,9 +358,9 @@ def broker_command(params: Mapping[str, str], ha_broker: str, node_name: str) ->
     return cmd + shlex.split(params.get("options", ""))
 
 
-def admin_address(params: Mapping[str, str]) -> str:
-    """Where ``ha-admin`` reaches the local broker: loopback when it listens on every address."""
-    host = params.get("host") or "0.0.0.0"
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return f"{host}:{params['port']}"
+UNIX_SOCKET_PATH_MAX = 107  # bytes (sockaddr_un), as broker.config checks it
+
+
+def admin_socket(params: Mapping[str, str]) -> str:
+    """The broker's admin socket: the ``admin_socket`` parameter, else DATA_DIR/admin.sock."""
+    return params.get("admin_socket") or os.path.join(params["data_dir"], "admin.sock")

@@ -1,0 +1,170 @@
+"""The local admin socket (``--admin-socket``): management over a Unix socket, one JSON line each way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.admin_socket import AdminSocketError, request
+from tests.broker.helpers import Sentinel
+from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
+
+
+def sock_path(b: BrokerProcess) -> Path:
+    return b.data_dir / "admin.sock"
+
+
+def with_socket(brokers: BrokerFactory, *extra: str, name: str = "adm") -> BrokerProcess:
+    path = brokers.workdir / name / "admin.sock"
+    return brokers("--admin-socket", str(path), *extra, name=name)
+
+
+def exchange(path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
+    """Send raw request lines on one connection; one parsed answer per line."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(path))
+        reader = s.makefile("rb")
+        answers = []
+        for line in lines:
+            s.sendall(line + b"\n")
+            answers.append(json.loads(reader.readline()))
+        return answers
+
+
+def test_management_over_the_socket_is_the_same_as_over_amqp(brokers: BrokerFactory) -> None:
+    b = with_socket(brokers)
+    path = sock_path(b)
+    mode = os.stat(path).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600  # owner only: it carries the admin role
+    created = request(path, "CREATE", "queue", "q1", {"arguments": {"max-count": 1000}})
+    assert (created.status, created.body["name"]) == (201, "q1")
+    Sentinel(b.url, "q1", count=5)  # the queue made over the socket takes messages over AMQP
+    read = request(path, "READ", "queue", "q1")
+    assert read.body["depth"] == 5
+    assert request(path, "READ", "queue", "nope").status == 404
+    events = [e for e in b.events() if e.get("event") == "management.request" and e.get("name") == "q1"]
+    assert events and events[0]["user"] == f"local:uid={os.getuid()}"
+
+
+def test_bad_requests_get_400_and_the_connection_and_messages_survive(brokers: BrokerFactory) -> None:
+    b = with_socket(brokers)
+    sentinel = Sentinel(b.url, "sentinel")
+    answers = exchange(
+        sock_path(b),
+        [
+            b"{not json",
+            b"[1, 2]",
+            b'{"type": "queue"}',
+            b'{"operation": "READ", "type": "queue", "name": 7}',
+            b'{"operation": "DELETE", "type": "queue", "name": "sentinel", "properties": []}',
+            b'{"operation": "FROB", "type": "queue", "name": "sentinel"}',
+            b'{"operation": "READ", "type": "queue", "name": "sentinel"}',
+        ],
+    )
+    statuses = [a["status"] for a in answers]
+    assert statuses == [400, 400, 400, 400, 400, 400, 200]
+    assert "not JSON" in answers[0]["description"]
+    assert "'operation' and 'type'" in answers[2]["description"]
+    sentinel.check()
+    assert any(e.get("event") == "admin_socket.bad_request" for e in b.events())
+
+
+def test_an_overlong_request_is_refused(brokers: BrokerFactory) -> None:
+    b = with_socket(brokers)
+    sentinel = Sentinel(b.url, "sentinel")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(sock_path(b)))
+        s.sendall(b'{"operation": "READ", "type": "queue", "name": "' + b"x" * (1024 * 1024 + 10) + b'"}\n')
+        answer = json.loads(s.makefile("rb").readline())
+    assert answer["status"] == 400 and "longer than" in answer["description"]
+    sentinel.check()
+
+
+def test_sigterm_removes_the_socket_and_a_stale_one_is_replaced(brokers: BrokerFactory) -> None:
+    b = with_socket(brokers)
+    path = sock_path(b)
+    assert b.stop() == 0
+    assert not path.exists()
+    b.start()
+    b.kill()  # SIGKILL leaves the socket file behind
+    assert path.exists()
+    b.start()
+    assert request(path, "READ", "broker", "broker").status == 200
+
+
+def test_a_socket_another_broker_serves_is_not_taken_over(brokers: BrokerFactory, tmp_path: Path) -> None:
+    first = with_socket(brokers)
+    path = sock_path(first)
+    second = brokers("--admin-socket", str(path), name="second", start=False)
+    second.start(wait=False)
+    assert second.proc is not None and second.proc.wait(20) == 1
+    assert "is served by another running broker" in second.stderr_file.read_text()
+    assert request(path, "READ", "broker", "broker").body["name"] == first.name
+
+
+def test_a_path_that_is_not_a_socket_or_too_long_is_refused(tmp_path: Path) -> None:
+    plain = tmp_path / "file"
+    plain.write_text("keep me")
+    proc = subprocess.run(
+        [
+            str(BIN / "ha-broker"),
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--admin-socket",
+            str(plain),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1 and "exists and is not a socket" in proc.stderr
+    assert plain.read_text() == "keep me"
+    long_path = "/tmp/" + "s" * 120
+    proc = subprocess.run(
+        [str(BIN / "ha-broker"), "--admin-socket", long_path, "--validate-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2 and "--admin-socket" in proc.stderr and "107 bytes" in proc.stderr
+
+
+def test_a_stopped_broker_does_not_answer(brokers: BrokerFactory) -> None:
+    """What makes a hung broker fail the agent's monitor: nothing comes back, however long the socket accepts."""
+    b = with_socket(brokers)
+    b.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AdminSocketError, match="no answer"):
+            request(sock_path(b), "READ", "broker", "broker", timeout=1.0)
+        assert time.monotonic() - started < 3
+    finally:
+        b.signal(signal.SIGCONT)
+    assert wait_for(lambda: request(sock_path(b), "READ", "broker", "broker").status == 200, 5)
+
+
+def test_ha_admin_uses_the_socket(brokers: BrokerFactory) -> None:
+    b = with_socket(brokers, "--ha-cluster", "--ha-brokers-url", "127.0.0.1:1")
+    path = str(sock_path(b))
+    proc = subprocess.run([str(BIN / "ha-admin"), "--socket", path, "query"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["role"] == "backup"
+    proc = subprocess.run([str(BIN / "ha-admin"), "--socket", path, "demote"], capture_output=True, text=True)
+    assert proc.returncode == 1 and "demote refused" in proc.stderr and "not a primary" in proc.stderr
+    proc = subprocess.run(
+        [str(BIN / "ha-admin"), "--socket", path + ".missing", "ping"], capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "No such file" in proc.stderr
