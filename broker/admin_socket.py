@@ -29,6 +29,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ log = get_logger("broker")
 
 MAX_LINE = 1024 * 1024
 IDLE_TIMEOUT = 30.0
+MAX_CONNECTIONS = 16
 
 
 class AdminSocketError(Exception):
@@ -57,12 +59,13 @@ def _jsonable(value: Any) -> Any:
 class AdminSocket:
     """Serve ``server.handle_management`` on ``path``; each request runs on the server's event loop."""
 
-    def __init__(self, path: Path, server: Any, timeout: float = 10.0) -> None:
+    def __init__(self, path: Path, server: Any, timeout: float = 60.0) -> None:
         self.path = path
         self.server = server
-        self.timeout = timeout
+        self.timeout = timeout  # the client's own timeout is normally shorter and decides
         self.sock: socket.socket | None = None
         self._closed = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     # ----- lifecycle ----------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -125,10 +128,21 @@ class AdminSocket:
             except OSError:
                 if self._closed.is_set():
                     return
+                time.sleep(0.1)  # e.g. out of file descriptors: do not spin
+                continue
+            if not self._slots.acquire(blocking=False):
+                _send(conn, Response(503, f"too many admin connections (at most {MAX_CONNECTIONS})"))
+                conn.close()
                 continue
             _thread(functools.partial(self._serve, conn), "admin-socket-conn")
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_requests(conn)
+        finally:
+            self._slots.release()
+
+    def _serve_requests(self, conn: socket.socket) -> None:
         user = _peer(conn)
         conn.settimeout(IDLE_TIMEOUT)
         with conn, conn.makefile("rb") as reader:

@@ -168,3 +168,23 @@ def test_ha_admin_uses_the_socket(brokers: BrokerFactory) -> None:
         [str(BIN / "ha-admin"), "--socket", path + ".missing", "ping"], capture_output=True, text=True
     )
     assert proc.returncode == 1 and "No such file" in proc.stderr
+
+
+def test_connections_beyond_the_limit_get_503_and_a_freed_slot_serves_again(brokers: BrokerFactory) -> None:
+    b = with_socket(brokers)
+    path = str(sock_path(b))
+    idle = []
+    for _ in range(16):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        idle.append(s)
+    try:
+        with socket.socket(socket.AF_UNIX) as extra:
+            extra.settimeout(5)
+            extra.connect(path)
+            assert json.loads(extra.makefile("rb").readline())["status"] == 503
+        idle.pop().close()
+        assert wait_for(lambda: request(sock_path(b), "READ", "broker", "broker").status == 200, 5)
+    finally:
+        for s in idle:
+            s.close()
