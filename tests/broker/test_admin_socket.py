@@ -9,12 +9,16 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker.admin_socket import AdminSocketError, request
+from broker.options import QUEUE_ARGUMENTS
 from tests.broker.helpers import Sentinel
 from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
 
@@ -188,3 +192,77 @@ def test_connections_beyond_the_limit_get_503_and_a_freed_slot_serves_again(brok
     finally:
         for s in idle:
             s.close()
+
+
+# ----- fuzz: whatever arrives on the socket gets an answer, and nothing stored is lost --------------------------
+FUZZ_SENTINEL = "socket-fuzz-sentinel"
+POOL = ["a", "b", "x.y", "q|1", "a|b|k", "amq.topic", "$management"]
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def mostly(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Well-formed values four times in five, so that valid requests meet each other; junk otherwise."""
+    junk = JSON.filter(lambda v: v != FUZZ_SENTINEL)
+    return st.integers(0, 4).flatmap(lambda i: junk if i == 0 else good)
+
+
+ARGUMENT_KEYS = [*sorted(QUEUE_ARGUMENTS), "exchange-type", "source", "destination", "binding-key", "junk"]
+WELL_TYPED = (
+    st.sampled_from(POOL) | st.integers(-1, 10**6) | st.sampled_from(["ring", "reject", "all", "topic"])
+)
+REQUESTS = st.fixed_dictionaries(
+    {
+        "operation": mostly(
+            st.sampled_from(["CREATE", "CREATE", "READ", "UPDATE", "DELETE", "QUERY", "create"])
+        ),
+        "type": mostly(st.sampled_from(["queue", "queue", "exchange", "binding", "broker"])),
+        "name": mostly(st.sampled_from(POOL)),
+    },
+    optional={
+        "body": st.dictionaries(st.sampled_from(ARGUMENT_KEYS), WELL_TYPED | JSON, max_size=4)
+        | st.fixed_dictionaries(
+            {"arguments": st.dictionaries(st.sampled_from(ARGUMENT_KEYS), WELL_TYPED | JSON)}
+        )
+        | JSON,
+        "properties": mostly(st.dictionaries(st.text(max_size=8), JSON, max_size=3)),
+    },
+)
+REQUEST_LINES = REQUESTS.map(lambda r: json.dumps(r).encode())
+JUNK_LINES = st.one_of(
+    JSON.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")),
+)
+LINES = st.integers(0, 9).flatmap(lambda i: JUNK_LINES if i == 0 else REQUEST_LINES)
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, Sentinel]]:
+    f = BrokerFactory(tmp_path_factory.mktemp("socket-fuzz"))
+    b = f("--admin-socket", str(f.workdir / "fz" / "admin.sock"), name="fz")
+    yield b, Sentinel(b.url, FUZZ_SENTINEL)
+    for _ in f.cleanup():
+        pass
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(LINES, min_size=1, max_size=8))
+def test_fuzzed_lines_always_get_an_answer(
+    fuzzed: tuple[BrokerProcess, Sentinel], lines: list[bytes]
+) -> None:
+    b, _ = fuzzed
+    answers = exchange(sock_path(b), [line for line in lines if line.strip()])
+    for a in answers:
+        assert a["status"] in {200, 201, 204, 400, 403, 404, 409}, a
+
+
+def test_after_the_fuzz_the_broker_serves_and_the_sentinel_is_intact(
+    fuzzed: tuple[BrokerProcess, Sentinel],
+) -> None:
+    b, sentinel = fuzzed
+    assert b.alive
+    sentinel.check()
+    assert not [e for e in b.events() if e.get("event") == "management.error"]
