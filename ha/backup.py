@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from proton import Delivery, Handler, Message
+from proton import Handler, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import LinkOption
 
@@ -535,8 +535,7 @@ class QueueReplicator(Handler):  # type: ignore[misc]
             for lo, hi in gone.ranges():
                 q.dequeue_positions(range(lo, hi + 1), DequeueReason.REPLICATED)
         if not d.settled:
-            d.update(Delivery.ACCEPTED)
-            d.settle()
+            d.settle()  # the settlement is the acknowledgement; an outcome would only cost a disposition update
         self.unflowed += 1
         if self.unflowed >= max(1, self.window // 2):
             link.flow(self.unflowed)
