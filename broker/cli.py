@@ -53,6 +53,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--ha-username", {"help": "user for inter-broker connections"}),
     ("--ha-password", {"help": "password for inter-broker connections"}),
     ("--ha-lag-sample-max", {"type": int, "help": "log every ack as ha.lag below this rate per second [1000]"}),
+    ("--ha-batched-acks/--no-ha-batched-acks", {"default": None, "help": "acknowledge replication in batches [on]"}),
     ("--ha-coordinator", {"help": "external (Pacemaker/operator) | zookeeper [external]"}),
     ("--zk-hosts", {"help": "ZooKeeper host:port,..."}),
     ("--zk-path", {"help": "ZooKeeper path of this cluster [/understudy/default]"}),

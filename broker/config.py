@@ -80,6 +80,7 @@ class BrokerConfig(BaseModel):
     ha_username: str | None = None
     ha_password: str | None = None
     ha_lag_sample_max: int = Field(1000, ge=1)
+    ha_batched_acks: bool = True
     ha_coordinator: Coordinator = Coordinator.EXTERNAL
     zk_hosts: str | None = None
     zk_path: str = "/understudy/default"

@@ -73,6 +73,8 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.events_buffer: list[Message] | None = None
         self.snapshot: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self.replicators: dict[str, QueueReplicator] = {}
+        self.ack_link: Any = None  # batched acknowledgements to the primary, when it offers them
+        self.pending_acks: dict[str, list[int]] = {}  # queue -> positions applied, not yet acknowledged
         self.wiring_ready = False
         self._reconnect_task: Any = None
         self._attempt_address: str | None = None
@@ -82,10 +84,13 @@ class Backup(MessagingHandler):  # type: ignore[misc]
 
     # ----- connection lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
+        self.server.on_quiesced.append(self._flush_acks)
         self._connect()
 
     def stop(self) -> None:
         self.stopped = True
+        if self._flush_acks in self.server.on_quiesced:
+            self.server.on_quiesced.remove(self._flush_acks)
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
         self._teardown()
@@ -183,6 +188,8 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             r.closed = True
         self.replicators.clear()
         self.pending.clear()
+        self.pending_acks.clear()
+        self.ack_link = None
         self.events_buffer = None
         self.snapshot.clear()
         self.wiring_ready = False
@@ -220,6 +227,8 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.events_link = cont.create_receiver(c, "$events", name="ha-events")
         self.events_link.flow(10_000)
         self.mgmt_sender = cont.create_sender(c, "$management", name="ha-mgmt")
+        if props.get(P.PROP_ACKS) == P.ACKS_BATCHED and self.config.ha_batched_acks:
+            self.ack_link = cont.create_sender(c, P.ACKS_ADDRESS, name="ha-acks")
         self.reply_link = cont.create_receiver(c, None, dynamic=True, name="ha-replies")
         self.reply_link.flow(100)
 
@@ -252,6 +261,10 @@ class Backup(MessagingHandler):  # type: ignore[misc]
                     description=cond.description if cond else None)
         if link.state & 2:
             link.close()
+        if link == self.ack_link and self._current(event):
+            # The primary offered batched acknowledgements but refused the link: without it nothing we apply would
+            # ever be acknowledged. Start again rather than stall its clients.
+            self._lost("acknowledgement link refused")
 
     # ----- messages on the control links ------------------------------------------------------------------------
     def on_message(self, event: Any) -> None:
@@ -280,6 +293,18 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             props["name"] = name
         self.pending[corr] = cb
         self.mgmt_sender.send(Message(properties=props, body=body, reply_to=self.reply_to, correlation_id=corr))
+
+    def _flush_acks(self) -> None:
+        """Once per pass: one message acknowledging every position applied since the last one."""
+        link = self.ack_link
+        if not self.pending_acks or link is None or link.credit <= 0 or not self.connected:
+            return
+        body = {name: as_position_set(positions).to_wire() for name, positions in self.pending_acks.items()}
+        self.pending_acks = {}
+        d = link.delivery(link.delivery_tag())
+        link.send(Message(body=body).encode())
+        link.advance()
+        d.settle()
 
     def _query_wiring(self) -> None:
         for t in ("queue", "exchange", "binding"):
@@ -493,7 +518,9 @@ class QueueReplicator(Handler):  # type: ignore[misc]
         self.window = backup.config.ha_flow_messages
         self.unflowed = 0
         held = as_position_set(queue.positions())
-        props = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid}
+        props: dict[str, Any] = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid}
+        if backup.ack_link is not None:
+            props["acks"] = P.ACKS_BATCHED
         cont = backup.server.container
         assert cont is not None
         self.link = cont.create_receiver(backup.conn, P.QUEUE_PREFIX + queue.name, name=f"ha-q-{queue.name}",
@@ -534,7 +561,10 @@ class QueueReplicator(Handler):  # type: ignore[misc]
                 gone = PositionSet()
             for lo, hi in gone.ranges():
                 q.dequeue_positions(range(lo, hi + 1), DequeueReason.REPLICATED)
-        if not d.settled:
+        if d.settled:  # pre-settled by the primary: acknowledged in the next batch on $ha.acks
+            if kind != P.TAG_DEQUEUE:
+                self.backup.pending_acks.setdefault(q.name, []).append(int(rest))
+        else:
             d.settle()  # the settlement is the acknowledgement; an outcome would only cost a disposition update
         self.unflowed += 1
         if self.unflowed >= max(1, self.window // 2):

@@ -181,6 +181,8 @@ class HaNode:
             P.PROP_ROLE: self.state.role.value,
             P.PROP_REPLICATE: self.default_level,
         }
+        if self.config.ha_batched_acks:
+            props[P.PROP_ACKS] = P.ACKS_BATCHED
         if self.config.ha_public_url:
             props[P.PROP_PUBLIC_URL] = self.config.ha_public_url
         return props

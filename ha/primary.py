@@ -75,6 +75,7 @@ class Primary:
         s.holders.append(self)
         s.address_handlers[P.QUEUE_PREFIX] = self._attach_queue
         s.address_handlers[P.STATUS_ADDRESS] = self._attach_status
+        s.address_handlers[P.ACKS_ADDRESS] = self._attach_acks
         s.wiring.queue_observer_factories.append(self._watch)
         s.wiring.observers.append(self)
         s.on_connection_closed.append(self._connection_closed)
@@ -99,6 +100,7 @@ class Primary:
             s.holders.remove(self)
         s.address_handlers.pop(P.QUEUE_PREFIX, None)
         s.address_handlers.pop(P.STATUS_ADDRESS, None)
+        s.address_handlers.pop(P.ACKS_ADDRESS, None)
         if self._watch in s.wiring.queue_observer_factories:
             s.wiring.queue_observer_factories.remove(self._watch)
         if self in s.wiring.observers:
@@ -216,6 +218,14 @@ class Primary:
         self.server.wake_call(lambda: self.check_ready(b))
         h.send(self.membership_message())
         return h
+
+    def _attach_acks(self, server: Server, link: Any, st: ConnectionState, address: str) -> LinkHandler:
+        if not link.is_receiver:
+            raise LinkError("amqp:invalid-field", "backups send their acknowledgements to the primary")
+        link.target.address = address
+        b = self._backup_of(st)
+        log.info("ha.backup.acks", backup=b.name, mode=P.ACKS_BATCHED)
+        return AckLink(self, link, st, b)
 
     # ----- queues -----------------------------------------------------------------------------------------------
     def _watch(self, q: Queue) -> QueueWatch:
@@ -401,6 +411,8 @@ class ReplicatingSender(LinkHandler):
         self.queue = queue
         self.backup = backup
         self.qc = backup.catchup.start(queue.name, plan)
+        # A backup that acknowledges in batches on $ha.acks gets pre-settled transfers (see ha.protocol).
+        self.presettled = (link.remote_properties or {}).get("acks") == P.ACKS_BATCHED
         self.snapshot_max = plan.snapshot_max
         self.live: deque[int] = deque()
         self.dequeues = PositionSet()
@@ -461,9 +473,11 @@ class ReplicatingSender(LinkHandler):
                 if e is None:
                     continue
                 data = e.msg.data
-                s.delivery(f"e{pos}")
+                d = s.delivery(f"e{pos}")
                 s.send(data)
                 s.advance()
+                if self.presettled:
+                    d.settle()
                 credit -= 1
                 room -= len(data)
         # Catch-up takes at most half of the window, so live messages (which hold clients) never queue behind
@@ -476,9 +490,11 @@ class ReplicatingSender(LinkHandler):
                 if e is None:
                     self.qc.dequeued([pos])
                     continue
-                s.delivery(f"{P.TAG_CATCHUP}{pos}")
+                d = s.delivery(f"{P.TAG_CATCHUP}{pos}")
                 s.send(e.msg.data)
                 s.advance()
+                if self.presettled:
+                    d.settle()
         if self.qc.done and not self.catchup_logged:
             self.catchup_logged = True
             prog = self.qc.progress()
@@ -492,6 +508,43 @@ class ReplicatingSender(LinkHandler):
             del w.senders[self.backup.name]
         if self.backup.senders.get(self.queue.name) is self:
             del self.backup.senders[self.queue.name]
+
+
+class AckLink(LinkHandler):
+    """`$ha.acks`: a backup's batched acknowledgements, {queue: [[lo, hi], ...]} per message (pre-settled)."""
+
+    CREDIT = 100
+
+    def __init__(self, primary: Primary, link: Any, conn: ConnectionState, backup: RemoteBackup) -> None:
+        super().__init__(primary.server, link, conn)
+        self.backup = backup
+        link.flow(self.CREDIT)
+
+    def on_delivery(self, delivery: Any) -> None:
+        if delivery.partial:
+            return
+        link = self.link
+        data = link.recv(delivery.pending) or b""
+        link.advance()
+        delivery.settle()
+        link.flow(1)
+        m = Message()
+        try:
+            m.decode(data)
+            body = m.body
+            if not isinstance(body, dict):
+                raise ValueError("body is not a map")
+            acks = {str(name): PositionSet.from_wire(ranges) for name, ranges in body.items()}
+        except Exception as e:  # a broken peer: log it, never take the primary down
+            log.error("ha.replication.error", backup=self.backup.name, description=f"bad acknowledgement: {e}")
+            return
+        for name, positions in acks.items():
+            sender = self.backup.senders.get(name)
+            if sender is None:
+                continue
+            for lo, hi in positions.ranges():
+                sender.acks.extend(range(lo, hi + 1))
+            self.server.wake(sender)
 
 
 class StatusLink(LinkHandler):

@@ -8,8 +8,15 @@ A backup opens one AMQP connection to the primary (connection property `x-unders
 
 On a replicating browser the delivery tag says what a transfer is, so the message bytes travel untouched:
 `e<position>` a live enqueue, `c<position>` a catch-up message (older, sent newest first), `d<n>` a control message
-whose body is a list of [lo, hi] position ranges the primary dequeued. The backup settles each transfer once applied:
-that settlement is the acknowledgement the primary waits for.
+whose body is a list of [lo, hi] position ranges the primary dequeued.
+
+Acknowledgements: when the primary's connection properties offer `x-understudy-acks: batched`, a backup attaches
+its replicating browsers with link property `acks: batched` and then gets every transfer
+pre-settled and acknowledges in batches instead: once per pass of its event loop it sends, on its sender link to
+`$ha.acks`, one message whose body maps each queue name to the [lo, hi] ranges of positions it has applied since the
+last batch. Otherwise (an older primary or backup) the backup settles each transfer once applied, and that
+settlement is the acknowledgement. Either way the primary settles a client's message only after every ready backup acknowledged it;
+batching saves the primary one delivery event per message per backup.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ if TYPE_CHECKING:  # (kept out of the import graph of ha-admin/ha-status: they s
     from broker.queue import Queue
 
 STATUS_ADDRESS = "$ha.status"
+ACKS_ADDRESS = "$ha.acks"
+ACKS_BATCHED = "batched"  # link property `acks` of a replicating browser; connection property PROP_ACKS
 QUEUE_PREFIX = "$ha.queue:"
 
 PROP_KIND = KIND_PROPERTY
@@ -33,6 +42,7 @@ PROP_EPOCH = "x-understudy-epoch"
 PROP_ROLE = "x-understudy-role"
 PROP_REPLICATE = "x-understudy-replicate"
 PROP_PUBLIC_URL = "x-understudy-public-url"
+PROP_ACKS = "x-understudy-acks"  # a primary that takes batched acknowledgements says ACKS_BATCHED
 
 TAG_LIVE = "e"
 TAG_CATCHUP = "c"
