@@ -276,7 +276,7 @@ class Primary:
                 held = self.guards.hold(completion, places, now, nbytes=routed[0][1].msg.size)
         return held
 
-    def acked(self, b: RemoteBackup, queue: str, positions: list[int]) -> None:
+    def acked(self, b: RemoteBackup, queue: str, positions: PositionSet) -> None:
         result = self.guards.acked(b.name, queue, positions)
         for c in result.released:
             c.release()
@@ -417,7 +417,7 @@ class ReplicatingSender(LinkHandler):
         self.live: deque[int] = deque()
         self.dequeues = PositionSet()
         self.dequeues.update(plan.dequeues)
-        self.acks: list[int] = []
+        self.acks = PositionSet()  # acknowledged since the last run(): ranges, so the guards work per range
         self.ctl = 0
         self.started = time.time()
         self.catchup_logged = False
@@ -442,15 +442,15 @@ class ReplicatingSender(LinkHandler):
             if isinstance(tag, bytes):
                 tag = tag.decode()
             if tag[:1] in (P.TAG_LIVE, P.TAG_CATCHUP):
-                self.acks.append(int(tag[1:]))
+                self.acks.add(int(tag[1:]))
                 self.server.wake(self)
             delivery.settle()
 
     def run(self) -> None:
         if self.acks:
-            acks, self.acks = self.acks, []
+            acks, self.acks = self.acks, PositionSet()
             if not self.qc.done:
-                self.qc.acked([p for p in acks if p <= self.snapshot_max])
+                self.qc.acked(acks)  # it tells catch-up positions from live ones itself
             self.primary.acked(self.backup, self.queue.name, acks)
         s = self.sender
         q = self.queue
@@ -542,8 +542,7 @@ class AckLink(LinkHandler):
             sender = self.backup.senders.get(name)
             if sender is None:
                 continue
-            for lo, hi in positions.ranges():
-                sender.acks.extend(range(lo, hi + 1))
+            sender.acks.update(positions)
             self.server.wake(sender)
 
 
