@@ -11,6 +11,7 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from cproton import PN_ACCEPTED, pn_delivery_settle, pn_delivery_settled, pn_delivery_update
 from proton import Condition, Delivery, Link, Message, Receiver, Sender
 
 from broker.message import MalformedMessage, with_delivery_header
@@ -129,9 +130,12 @@ class PublisherLink(LinkHandler):
 
     def settled(self, delivery: Delivery) -> None:
         self.unsettled -= 1
-        if not delivery.settled:
-            delivery.update(Delivery.ACCEPTED)
-        delivery.settle()
+        # Once per client message: the C calls only. proton's Delivery.update would first copy the local
+        # disposition's data, annotations and condition, all empty here (it was 6 % of the e2e profile).
+        impl = delivery._impl
+        if not pn_delivery_settled(impl):
+            pn_delivery_update(impl, PN_ACCEPTED)
+        pn_delivery_settle(impl)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -704,13 +704,16 @@ class Server:
 
     def _settle(self, batch: list[Completion]) -> None:
         n = 0
+        publishers = set()
         for c in batch:
             pub = c.publisher
             if pub.closed:
                 continue
             pub.settled(c.delivery)
-            pub.top_up()
+            publishers.add(pub)
             n += 1
+        for pub in publishers:  # credit once per link and batch, not per message
+            pub.top_up()
         if n:
             now = time.time()
             role_epoch = self.role_epoch()
