@@ -29,16 +29,19 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """Event-log lines as dicts; a line the broker is still writing (cut short) is skipped."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if line.startswith("{"):
             with contextlib.suppress(json.JSONDecodeError):
                 out.append(json.loads(line))
     return out
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    return parse_events(path.read_text()) if path.exists() else []
 
 
 class BrokerProcess:
@@ -92,7 +95,7 @@ class BrokerProcess:
         evs = read_events(self.log_file)
         if since_start and getattr(self, "_log_offset", 0):
             text = self.log_file.read_text()[self._log_offset:]
-            evs = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+            evs = parse_events(text)
         return evs
 
     def signal(self, sig: int) -> None:
