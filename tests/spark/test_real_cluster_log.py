@@ -9,9 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from proton import Message
 
-from tests.support.amqp import connect, mgmt
+from tests.support.amqp import mgmt, send
 from tests.support.cluster import Cluster
 from tests.support.procs import BIN, BrokerFactory, wait_for
 
@@ -28,29 +27,17 @@ def test_report_from_a_real_run_shows_the_failover_and_the_lag(brokers: BrokerFa
     c.start_with_primary(0)
     with mgmt(c[0].url) as m:
         m.call("CREATE", "queue", "orders", {})
-    conn = connect(c[0].url)
-    s = conn.create_sender("orders")
-    for i in range(200):
-        s.send(Message(body=i))
-    conn.close()
+    send(c[0].url, "orders", list(range(200)))
     # Lag samples are written in batches (every 0.2 s): let the primary write them before it is killed.
     wait_for(lambda: sum(e["event"] == "ha.lag" for e in c[0].events()) >= 200, 10, what="b1's lag samples")
     c[0].kill()
     wait_for(lambda: any(e["event"] == "ha.primary.lost" for e in c[1].events()), 15, what="loss noticed")
     c.promote(1)
     c.wait_state(1, "active")
-    conn = connect(c[1].url)
-    s = conn.create_sender("orders")
-    for i in range(20):
-        s.send(Message(body=1000 + i))
-    conn.close()
+    send(c[1].url, "orders", list(range(1000, 1020)))
     c[0].start()  # the old primary rejoins as a backup of the new one
     c.wait_state(0, "ready")
-    conn = connect(c[1].url)
-    s = conn.create_sender("orders")
-    for i in range(50):
-        s.send(Message(body=2000 + i))
-    conn.close()
+    send(c[1].url, "orders", list(range(2000, 2050)))
     for b in c.brokers:
         b.stop()
     logs = tmp_path / "logs"
