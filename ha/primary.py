@@ -222,7 +222,6 @@ class Primary:
     def _attach_acks(self, server: Server, link: Any, st: ConnectionState, address: str) -> LinkHandler:
         if not link.is_receiver:
             raise LinkError("amqp:invalid-field", "backups send their acknowledgements to the primary")
-        link.target.address = address
         b = self._backup_of(st)
         log.info("ha.backup.acks", backup=b.name, mode=P.ACKS_BATCHED)
         return AckLink(self, link, st, b)
