@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from proton.reactor import Container
 
 from broker import log as blog
 from broker.admin_socket import AdminSocket, AdminSocketError
@@ -54,6 +53,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--ha-password", {"help": "password for inter-broker connections"}),
     ("--ha-lag-sample-max", {"type": int, "help": "log every ack as ha.lag below this rate per second [1000]"}),
     ("--ha-batched-acks/--no-ha-batched-acks", {"default": None, "help": "acknowledge replication in batches [on]"}),
+    ("--ha-batch-bytes", {"type": int, "help": "replication batch size in bytes; 0 = one transfer per message [256 KiB]"}),
     ("--ha-coordinator", {"help": "external (Pacemaker/operator) | zookeeper [external]"}),
     ("--zk-hosts", {"help": "ZooKeeper host:port,..."}),
     ("--zk-path", {"help": "ZooKeeper path of this cluster [/understudy/default]"}),
@@ -118,10 +118,8 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     # of every collection (the recipes measured GC as a large share of CPU with deep queues).
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    container = Container(server)
-    container.container_id = bid
     try:
-        container.run()
+        server.run()
     except OSError as e:
         click.echo(f"ha-broker: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", err=True)
         return 1

@@ -81,6 +81,8 @@ class BrokerConfig(BaseModel):
     ha_password: str | None = None
     ha_lag_sample_max: int = Field(1000, ge=1)
     ha_batched_acks: bool = True
+    # Replication batches: bytes of records per transfer; 0 = one transfer per message (the older format).
+    ha_batch_bytes: int = Field(256 * 1024, ge=0, le=64 * 1024 * 1024)
     ha_coordinator: Coordinator = Coordinator.EXTERNAL
     zk_hosts: str | None = None
     zk_path: str = "/understudy/default"

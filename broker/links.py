@@ -1,34 +1,28 @@
 """What happens on each kind of link: publishers, consumers/browsers, the event stream.
 
-A link handler receives the link's events from the server (flow, deliveries, detach) and may ask to be run once
-per reactor pass (`server.wake(handler)`), which is where cross-connection work (dispatching to consumers) happens:
-touching two connections for every message defeats proton's event de-duplication.
+A link handler gets its link's deliveries and credit changes straight from the event loop, as raw proton-C pointers
+(`on_delivery(d)`, `on_flow()`; see broker.engine.raw), and may ask to be run once per pass (`server.wake(handler)`),
+which is where cross-connection work (dispatching to consumers) happens. Attach, detach and errors arrive through
+the server. Handlers keep the proton `Link` wrapper (`self.link`, which also pins the C link) for those rare paths.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from cproton import PN_ACCEPTED, pn_delivery_settle, pn_delivery_settled, pn_delivery_update
-from proton import Condition, Delivery, Link, Message, Receiver, Sender
+from proton import Condition, Delivery, Link, Message
 
-from broker.message import MalformedMessage, with_delivery_header
-from broker.queue import ACQUIRED, DequeueReason, Entry, Queue, QueueFull
+from broker.engine import raw
+from broker.errors import MessageRefused
+from broker.message import with_delivery_header
+from broker.queue import ACQUIRED, REDELIVERED, DequeueReason, Entry, Queue
 
 if TYPE_CHECKING:
     from broker.server import ConnectionState, Server
     from broker.wiring import WiringEvent
 
-
-class LinkError(Exception):
-    """Refuse or close a link with an AMQP error condition."""
-
-    def __init__(self, condition: str, description: str) -> None:
-        super().__init__(description)
-        self.condition = condition
-        self.description = description
+_get_drain = raw.lib.pn_link_get_drain
 
 
 class LinkHandler:
@@ -39,20 +33,30 @@ class LinkHandler:
     def __init__(self, server: Server, link: Link, conn: ConnectionState) -> None:
         self.server = server
         self.link = link
+        self.l = link._impl
         self.conn = conn
         self.closed = False
 
     def on_flow(self) -> None:
         pass
 
-    def on_delivery(self, delivery: Delivery) -> None:
-        pass
+    def on_delivery(self, d: Any) -> None:
+        """A delivery on this link changed (new transfer data, or the peer's outcome/settlement): raw pointer."""
 
     def run(self) -> None:
-        """Deferred work, once per reactor pass after `server.wake(self)`."""
+        """Deferred work, once per pass after `server.wake(self)`."""
 
     def on_detached(self) -> None:
         """The link is gone (peer detached, session/connection closed or lost). Clean up once."""
+
+
+def reject(d: Any, condition: str, description: str) -> None:
+    """Settle a received delivery as rejected with an error (off the hot path: uses proton's wrapper)."""
+    delivery = Delivery.wrap(d)
+    if not delivery.settled:
+        delivery.local.condition = Condition(condition, description)
+        delivery.update(Delivery.REJECTED)
+    delivery.settle()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -61,163 +65,159 @@ class Completion:
 
     __slots__ = ("delivery", "pending", "publisher")
 
-    def __init__(self, publisher: PublisherLink, delivery: Delivery) -> None:
+    def __init__(self, publisher: PublisherLink, delivery: Any) -> None:
         self.publisher = publisher
-        self.delivery = delivery
+        self.delivery = delivery  # raw pointer; touched only while the publisher link is open
         self.pending = 1
 
     def release(self) -> None:
         self.pending -= 1
         if self.pending == 0:
-            self.publisher.server.settle_later(self)
+            self.publisher.server.to_settle.append(self)
 
 
 class PublisherLink(LinkHandler):
     """A client sends to a queue, an exchange, or (null target) anywhere named by each message's `to`."""
 
-    def __init__(self, server: Server, link: Receiver, conn: ConnectionState, address: str | None) -> None:
+    def __init__(self, server: Server, link: Link, conn: ConnectionState, address: str | None) -> None:
         super().__init__(server, link, conn)
-        self.receiver = link
         self.address = address
         self.window = server.config.credit_window
+        self.max_size = server.config.max_message_size
         self.unsettled = 0  # deliveries received and not yet settled (held for replication)
         self.rejected_since_log = 0
 
     def top_up(self) -> None:
         """Give credit while fewer than `window` deliveries are held: a slow holder becomes backpressure."""
-        link = self.receiver
-        room = self.window - self.unsettled - link.credit
-        if room >= self.window // 2 or (link.credit == 0 and room > 0):
-            link.flow(room)
+        raw.top_up(self.l, self.window, self.unsettled)
 
-    def on_delivery(self, delivery: Delivery) -> None:
-        if delivery.partial:
-            if delivery.pending > self.server.config.max_message_size:
-                self._too_big(delivery)
-            return
-        link = self.receiver
-        if delivery.pending > self.server.config.max_message_size:
-            self._too_big(delivery)
-            return
-        data = link.recv(delivery.pending)
-        link.advance()
-        if data is None:
-            data = b""
-        self.unsettled += 1
-        try:
-            self.server.route_and_hold(self, delivery, data)
-        except MalformedMessage as e:
-            self.reject(delivery, "amqp:decode-error", str(e))
-        except LinkError as e:
-            self.reject(delivery, e.condition, e.description)
-        except QueueFull as e:
-            self.reject(delivery, "amqp:resource-limit-exceeded", str(e))
+    def run(self) -> None:
         self.top_up()
 
-    def _too_big(self, delivery: Delivery) -> None:
-        desc = f"message larger than max-message-size {self.server.config.max_message_size}"
+    def on_delivery(self, d: Any) -> None:
+        if raw.delivery_partial(d):
+            if raw.delivery_pending(d) > self.max_size:
+                self._too_big()
+            return
+        if raw.delivery_aborted(d):  # the sender gave up on this message: drop it
+            raw.delivery_settle(d)
+            self.server.wake(self)
+            return
+        n = raw.delivery_pending(d)
+        if n > self.max_size:
+            self._too_big()
+            return
+        data = raw.recv(self.l, n)
+        self.unsettled += 1
+        try:
+            self.server.route(self, d, data)
+        except MessageRefused as e:
+            self.refuse(d, e.condition, e.description)
+
+    def _too_big(self) -> None:
+        desc = f"message larger than max-message-size {self.max_size}"
         self.server.log_link_refused(self, "amqp:link:message-size-exceeded", desc)
         self.server.close_link(self.link, "amqp:link:message-size-exceeded", desc)
 
-    def reject(self, delivery: Delivery, condition: str, description: str) -> None:
+    def refuse(self, d: Any, condition: str, description: str) -> None:
         self.unsettled -= 1
-        if not delivery.settled:
-            delivery.local.condition = Condition(condition, description)
-            delivery.update(Delivery.REJECTED)
-        delivery.settle()
+        reject(d, condition, description)
         self.rejected_since_log += 1
         self.server.log_message_rejected(self, condition, description)
+        self.server.wake(self)
 
-    def settled(self, delivery: Delivery) -> None:
+    def settle(self, d: Any) -> None:
+        """Accept and settle (once per client message: the C calls only)."""
         self.unsettled -= 1
-        # Once per client message: the C calls only. proton's Delivery.update would first copy the local
-        # disposition's data, annotations and condition, all empty here (it was 6 % of the e2e profile).
-        impl = delivery._impl
-        if not pn_delivery_settled(impl):
-            pn_delivery_update(impl, PN_ACCEPTED)
-        pn_delivery_settle(impl)
+        raw.accept(d)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-_tags = itertools.count(1)
-
-
 class ConsumerLink(LinkHandler):
     """The broker sends messages from a queue: acquiring (move) or browsing (copy)."""
 
-    def __init__(self, server: Server, link: Sender, conn: ConnectionState, queue: Queue, browse: bool) -> None:
+    def __init__(self, server: Server, link: Link, conn: ConnectionState, queue: Queue, browse: bool) -> None:
         super().__init__(server, link, conn)
-        self.sender = link
         self.queue = queue
         self.browse = browse
         self.counts_as_consumer = True
-        self.presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
-        self.unacked: dict[Delivery, Entry] = {}
+        self.presettled = raw.link_remote_snd_settle_mode(self.l) == raw.SND_SETTLED
+        self.unacked: dict[Any, Entry] = {}  # delivery pointer -> entry
         self.cursor = 0  # browse position
         self.undeliverable: set[int] = set()  # positions this consumer said it cannot take
+        self.tag = 0
+
+    @property
+    def credit(self) -> int:
+        return int(raw.link_credit(self.l))
 
     def on_flow(self) -> None:
-        if self.sender.credit > 0:
+        if raw.link_credit(self.l) > 0:
             self.server.wake_queue(self.queue)
-        elif self.sender.drain_mode:
-            self.sender.drained()
+        elif _get_drain(self.l):
+            raw.link_drained(self.l)
+
+    def drain_if_asked(self) -> None:
+        if _get_drain(self.l) and raw.link_credit(self.l) > 0:
+            raw.link_drained(self.l)
 
     def send(self, entry: Entry) -> None:
         """Send one entry (already acquired when moving)."""
-        data = entry.msg.data
-        if entry.delivery_count or entry.redelivered:
-            data = with_delivery_header(data, entry.delivery_count, not entry.redelivered)
-        d = self.sender.delivery(str(next(_tags)))
-        self.sender.send(data)
-        self.sender.advance()
+        data = entry.data
+        if entry.count or entry.flags & REDELIVERED:  # re-encode the header (redeliveries only)
+            data = with_delivery_header(data, entry.count, not entry.flags & REDELIVERED)
+        self.tag += 1
+        d = raw.send(self.l, self.tag, data)
         if self.presettled:
-            d.settle()
+            raw.delivery_settle(d)
             if not self.browse:
                 self.queue.dequeue(entry, DequeueReason.ACCEPTED)
         elif not self.browse:
             self.unacked[d] = entry
         else:
-            d.settle()  # browsed copies need no outcome
+            raw.delivery_settle(d)  # browsed copies need no outcome
 
-    def on_delivery(self, delivery: Delivery) -> None:
+    def on_delivery(self, d: Any) -> None:
         """The consumer's outcome for a message we sent."""
-        entry = self.unacked.get(delivery)
+        entry = self.unacked.get(d)
+        state = raw.delivery_remote_state(d)
         if entry is None:
-            if delivery.remote_state or delivery.settled:
-                delivery.settle()
+            if state or raw.delivery_settled(d):
+                raw.delivery_settle(d)
             return
-        state = delivery.remote_state
-        if state is None and not delivery.settled:
+        if not state and not raw.delivery_settled(d):
             return
-        del self.unacked[delivery]
+        del self.unacked[d]
         q = self.queue
-        if state == Delivery.ACCEPTED or state is None:
+        if state == raw.ACCEPTED or not state:
             q.dequeue(entry, DequeueReason.ACCEPTED)
-        elif state == Delivery.RELEASED:
+        elif state == raw.RELEASED:
             q.release(entry, delivery_failed=False, redelivered=False)
             self.server.wake_queue(q)
-        elif state == Delivery.MODIFIED:
-            failed = bool(delivery.remote.failed)
-            if delivery.remote.undeliverable:
+        elif state == raw.MODIFIED:
+            disp = raw.delivery_remote(d)
+            failed = bool(raw.disposition_is_failed(disp))
+            if raw.disposition_is_undeliverable(disp):
                 self.undeliverable.add(entry.position)
             q.release(entry, delivery_failed=failed, redelivered=failed)
             self.server.wake_queue(q)
-        elif state == Delivery.REJECTED:
+        elif state == raw.REJECTED:
+            data = entry.data
             q.dequeue(entry, DequeueReason.REJECTED)
-            self.server.dead_letter(q, entry)
+            self.server.dead_letter(q, data)
         else:
             q.release(entry, delivery_failed=False)
             self.server.wake_queue(q)
-        delivery.settle()
+        raw.delivery_settle(d)
 
     def return_unacked(self) -> int:
         """Link or connection gone: everything unsettled goes back, marked redelivered."""
         n = 0
-        for d, entry in list(self.unacked.items()):
+        for entry in self.unacked.values():
             if entry.state == ACQUIRED:
                 self.queue.release(entry, delivery_failed=True, redelivered=True)
                 n += 1
-            del self.unacked[d]
+        self.unacked.clear()
         if n:
             self.server.wake_queue(self.queue)
         return n
@@ -232,10 +232,10 @@ class EventsLink(LinkHandler):
 
     MAX_BACKLOG = 100_000
 
-    def __init__(self, server: Server, link: Sender, conn: ConnectionState) -> None:
+    def __init__(self, server: Server, link: Link, conn: ConnectionState) -> None:
         super().__init__(server, link, conn)
-        self.sender = link
         self.backlog: deque[bytes] = deque()
+        self.tag = 0
 
     def push(self, ev: WiringEvent) -> None:
         m = Message(properties=ev.to_properties(), body=_plain(ev.attributes), subject=f"{ev.type}.{ev.kind}")
@@ -249,12 +249,10 @@ class EventsLink(LinkHandler):
         self.flush()
 
     def flush(self) -> None:
-        s = self.sender
-        while self.backlog and s.credit > 0:
-            d = s.delivery(str(next(_tags)))
-            s.send(self.backlog.popleft())
-            s.advance()
-            d.settle()
+        link = self.l
+        while self.backlog and raw.link_credit(link) > 0:
+            self.tag += 1
+            raw.send_settled(link, self.tag, self.backlog.popleft())
 
     def on_detached(self) -> None:
         self.server.events_links.discard(self)

@@ -24,7 +24,8 @@ class ManagementLink(LinkHandler):
         self.receiver = link
         link.flow(100)
 
-    def on_delivery(self, delivery: Delivery) -> None:
+    def on_delivery(self, d: Any) -> None:
+        delivery = Delivery.wrap(d)
         if delivery.partial:
             return
         link = self.receiver

@@ -1,8 +1,10 @@
-"""Messages as the broker keeps them: the encoded bytes plus the few fields routing and queues need.
+"""Messages as the broker sees them: encoded bytes, and the few fields routing and queues need.
 
-The encoded bytes are forwarded untouched to consumers and backups; the message is decoded once on arrival (to route
-it and to refuse malformed input) and the proton `Message` object is dropped right away, because keeping hundreds of
-thousands of them alive makes Python's cyclic GC expensive.
+The encoded bytes are stored and forwarded untouched to consumers and backups. On arrival a message is checked
+(`check_framing`: proton accepts any bytes) and decoded once into proton's C message, from which only the header
+fields every queue needs are read (`decode`: priority, expiry, durable); the rest (`to`, `subject`, application
+properties) is read from the same C message only when routing asks for it (`current_to()` ...), before the next
+decode. No proton `Message` object is made on the hot path: keeping many alive makes Python's GC expensive.
 """
 
 from __future__ import annotations
@@ -24,27 +26,20 @@ from cproton import (
 )
 from proton import Data, Message
 
+from broker.errors import MalformedMessage
 
-class MalformedMessage(ValueError):
-    """The bytes are not a valid AMQP 1.0 message."""
+__all__ = ["MalformedMessage", "Meta", "check_framing", "current_properties", "current_subject", "current_to",
+           "decode", "subject_of", "with_delivery_header"]
 
 
-@dataclass(slots=True, eq=False)
-class Payload:
-    """One received message, shared by every queue it was routed to (immutable by convention)."""
+@dataclass(slots=True)
+class Meta:
+    """What every queue needs of a message: its priority (0-9), absolute expiry (seconds since the epoch, or
+    None), and whether it is durable."""
 
-    data: bytes
     priority: int
-    expires_at: float | None
-    subject: str | None
-    to: str | None
-    properties: dict[Any, Any] | None
+    expires: float | None
     durable: bool
-    arrived_at: float
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
 
 
 # Width of the size/count field after a constructor, by the constructor's high nibble (AMQP 1.0 part 1, 1.6).
@@ -53,6 +48,11 @@ _SIZED_ONE = frozenset({0xA, 0xC, 0xE})  # variable width / compound / array wit
 _SIZED_FOUR = frozenset({0xB, 0xD, 0xF})  # ... with a 4-byte size
 _HEADER, _FOOTER = 0x70, 0x78
 _BODY_SECTIONS = frozenset({0x75, 0x76})  # data and amqp-sequence sections may repeat
+_LISTS = frozenset({0x45, 0xC0, 0xD0, 0x40})  # list0, list8, list32 (or null)
+_MAPS = frozenset({0xC1, 0xD1, 0x40})  # map8, map32 (or null)
+_SECTION_SHAPES = {0x70: _LISTS, 0x71: _MAPS, 0x72: _MAPS, 0x73: _LISTS, 0x74: _MAPS, 0x78: _MAPS}
+_SECTION_TEXT = {0x70: "header", 0x71: "delivery-annotations", 0x72: "message-annotations", 0x73: "properties",
+                 0x74: "application-properties", 0x78: "footer"}
 _SECTION_NAMES = {
     b"amqp:header:list": 0x70,
     b"amqp:delivery-annotations:map": 0x71,
@@ -120,6 +120,10 @@ def check_framing(data: bytes) -> None:
             if code < last or (code == last and code not in _BODY_SECTIONS):
                 raise MalformedMessage(f"byte {off}: message section 0x{code:02x} out of order")
             last = code
+            shape = _SECTION_SHAPES.get(code)
+            if shape is not None and data[start] not in shape:
+                kind = "a list" if shape is _LISTS else "a map"
+                raise MalformedMessage(f"byte {off}: {_SECTION_TEXT[code]} must be {kind}")
             off = _value_end(data, start)
     except IndexError:
         raise MalformedMessage("message truncated") from None
@@ -127,48 +131,64 @@ def check_framing(data: bytes) -> None:
         raise MalformedMessage(f"message truncated: section ends at byte {off} of {n}")
 
 
-_pn_msg = pn_message()  # one C message reused for every decode (the reactor is single-threaded)
+_pn_msg = pn_message()  # one C message reused for every decode (the event loop is single-threaded)
 
 
-def decode_payload(data: bytes, now: float | None = None, trusted: bool = False) -> Payload:
-    """Decode just enough to route; raise MalformedMessage on bad input.
+def decode(data: bytes, now: float | None = None, trusted: bool = False) -> Meta:
+    """Check and decode `data` into the shared C message; return the header fields. Raise MalformedMessage.
 
-    Reads the header and properties straight from proton's C message: the body is never converted to Python
-    (that copy was a large share of the broker's CPU per message). `trusted` skips the framing check, for
-    bytes a primary already checked (replication).
+    `trusted` skips the framing check, for bytes a primary already checked. After this call (and before the next
+    one) `current_to()`, `current_subject()` and `current_properties()` read the same message.
     """
     if not trusted:
         check_framing(data)
     msg = _pn_msg
-    err = pn_message_decode(msg, data)
-    if err < 0:
-        raise MalformedMessage(f"cannot decode message (proton error {err})")
-    arrived = time.time() if now is None else now
+    if pn_message_decode(msg, data) < 0:
+        raise MalformedMessage("cannot decode message")
     expires: float | None = None
     ttl = pn_message_get_ttl(msg)
     if ttl:
-        expires = arrived + ttl / 1000.0
+        expires = (time.time() if now is None else now) + ttl / 1000.0
     else:
         expiry = pn_message_get_expiry_time(msg)
         if expiry:
             expires = expiry / 1000.0
-    props = Data(pn_message_properties(msg))
-    properties = props.get_object() if props.next() else None
-    if properties is not None and not isinstance(properties, dict):
-        raise MalformedMessage("application-properties must be a map")
-    return Payload(
-        data=data,
-        priority=int(pn_message_get_priority(msg)),
-        expires_at=expires,
-        subject=pn_message_get_subject(msg),
-        to=pn_message_get_address(msg),
-        properties=dict(properties) if properties else None,
-        durable=bool(pn_message_is_durable(msg)),
-        arrived_at=arrived,
-    )
+    return Meta(pn_message_get_priority(msg), expires, bool(pn_message_is_durable(msg)))
 
-def encode_message(m: Message) -> bytes:
-    return m.encode()
+
+def current_to() -> str | None:
+    """The `to` address of the message decoded last."""
+    return pn_message_get_address(_pn_msg)  # type: ignore[no-any-return]
+
+
+def current_subject() -> str | None:
+    return pn_message_get_subject(_pn_msg)  # type: ignore[no-any-return]
+
+
+def current_properties() -> dict[Any, Any] | None:
+    """The application properties of the message decoded last; MalformedMessage if they are not a map."""
+    props = Data(pn_message_properties(_pn_msg))
+    value = props.get_object() if props.next() else None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MalformedMessage("application-properties must be a map")
+    return dict(value)
+
+
+def subject_of(data: bytes) -> str | None:
+    """The subject of stored message bytes (off the hot path: dead-lettering)."""
+    decode(data, trusted=True)
+    return current_subject()
+
+
+def properties_of(data: bytes) -> dict[Any, Any] | None:
+    """The application properties of stored message bytes (off the hot path: last-value keys at promotion)."""
+    decode(data, trusted=True)
+    try:
+        return current_properties()
+    except MalformedMessage:
+        return None
 
 
 def with_delivery_header(data: bytes, delivery_count: int, first_acquirer: bool) -> bytes:
@@ -177,12 +197,4 @@ def with_delivery_header(data: bytes, delivery_count: int, first_acquirer: bool)
     m.decode(data)
     m.delivery_count = delivery_count
     m.first_acquirer = first_acquirer
-    return m.encode()
-
-
-def with_ttl_adjusted(data: bytes, remaining: float) -> bytes:
-    """Re-encode carrying the remaining time-to-live (used when a queue's default TTL applies)."""
-    m = Message()
-    m.decode(data)
-    m.ttl = max(remaining, 0.001)
     return m.encode()

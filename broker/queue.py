@@ -2,25 +2,37 @@
 
 Pure Python (no proton): the server feeds it and sends what it hands out. Every change of a message's fate goes
 through the observers (enqueued, acquired, released, dequeued), which is what replication listens to.
+
+Layout (lean: about 200 bytes per queued message besides its payload, see docs/performance.md):
+
+- `entries`: position -> Entry, for every message on the queue (available or acquired);
+- the *spine*: a list of entries in position order. Live traffic appends at the back; catch-up on a backup, which
+  arrives newest first below everything held, is put at the front (the seed's live update); a dequeued entry stays
+  in the spine, marked DEAD, until it reaches the front (FIFO consumption trims it at once);
+- `_extra`: the rare entries that fit neither end (a backup filling a gap), in a sorted list;
+- per priority level, the available entries in position order: a deque fed like the spine, plus a heap for entries
+  that came back (released) or arrived out of order. Stale references (acquired or dead entries) are skipped
+  lazily when they reach the front.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 import uuid as uuidlib
+from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 from typing import Any, Protocol
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedKeyList
 
-from broker.message import Payload
+from broker.errors import QueueFull
 from broker.options import QueueOptions
 
-
-class QueueFull(Exception):
-    """The queue is at max-count/max-size with policy reject."""
+__all__ = ["ACQUIRED", "AVAILABLE", "DEAD", "DequeueReason", "Entry", "Queue", "QueueFull", "QueueObserver"]
 
 
 class DequeueReason(Enum):
@@ -36,22 +48,54 @@ class DequeueReason(Enum):
 
 AVAILABLE = 0
 ACQUIRED = 1
+DEAD = 2  # dequeued; a stale reference may still sit in the spine or an availability list
+
+REDELIVERED = 1  # Entry.flags
+DURABLE = 2
+EXTRA = 4  # the entry is in the queue's sorted extra list, not the spine
+
+_EMPTY = b""
+_position = attrgetter("position")
 
 
-@dataclass(slots=True, eq=False)
 class Entry:
-    position: int
-    msg: Payload
-    level: int
-    state: int = AVAILABLE
-    delivery_count: int = 0
-    redelivered: bool = False
-    enqueued_at: float = 0.0
-    expires_at: float | None = None  # the message's own TTL, else the queue's default-ttl
+    """One message on one queue. `data` is the encoded message, shared by every queue it was routed to."""
+
+    __slots__ = ("count", "data", "expires", "flags", "key", "level", "position", "state")
+
+    def __init__(self, position: int, data: bytes, level: int, expires: float | None, flags: int,
+                 key: Any = None) -> None:
+        self.position = position
+        self.data = data
+        self.level = level
+        self.expires = expires  # absolute (seconds since the epoch): the message's own TTL, else the queue's
+        self.flags = flags
+        self.key = key  # last-value key (LVQ queues only)
+        self.state = AVAILABLE
+        self.count = 0  # delivery count (failed deliveries)
+
+    @property
+    def delivery_count(self) -> int:
+        return self.count
+
+    @property
+    def redelivered(self) -> bool:
+        return bool(self.flags & REDELIVERED)
+
+    @property
+    def durable(self) -> bool:
+        return bool(self.flags & DURABLE)
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.position}, state={self.state}, level={self.level})"
 
 
 class QueueObserver(Protocol):
-    """What replication (or anything else) sees of a queue. Called synchronously on the reactor thread."""
+    """What replication (or anything else) sees of a queue. Called synchronously on the event loop thread."""
 
     def enqueued(self, queue: Queue, entry: Entry) -> None: ...
     def acquired(self, queue: Queue, entry: Entry) -> None: ...
@@ -59,13 +103,15 @@ class QueueObserver(Protocol):
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None: ...
 
 
-@dataclass(slots=True)
 class QueueStats:
-    enqueued: int = 0
-    dequeued: int = 0
-    expired: int = 0
-    rejected_full: int = 0
-    ring_evicted: int = 0
+    __slots__ = ("dequeued", "enqueued", "expired", "rejected_full", "ring_evicted")
+
+    def __init__(self) -> None:
+        self.enqueued = 0
+        self.dequeued = 0
+        self.expired = 0
+        self.rejected_full = 0
+        self.ring_evicted = 0
 
 
 class Queue:
@@ -84,9 +130,15 @@ class Queue:
         self.temporary = temporary
         self.next_position = 1
         self.entries: dict[int, Entry] = {}
-        self._order: SortedList = SortedList()  # every position present (available or acquired)
-        self._available: list[SortedList] = [SortedList() for _ in range(options.priority_levels)]
-        self._lvq: dict[Any, int] = {}  # last-value key -> position
+        self._spine: list[Any] = []  # Entry objects from _head on (slots before _head are free room)
+        self._head = 0
+        self._extra: Any = None  # SortedKeyList of entries outside the spine's order, made on first use
+        self._levels = options.priority_levels
+        self._avail: list[deque[Entry]] = [deque() for _ in range(self._levels)]
+        self._back: list[list[tuple[int, Entry]]] = [[] for _ in range(self._levels)]
+        self._available = 0  # entries in AVAILABLE state
+        self._lvq: dict[Any, Entry] = {}  # last-value key -> entry
+        self._expiring = 0  # entries with an expiry (the periodic sweep skips queues without any)
         self.bytes = 0
         self.observers: list[QueueObserver] = []
         self.stats = QueueStats()
@@ -100,20 +152,33 @@ class Queue:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def __bool__(self) -> bool:
+        return True  # a queue is a queue even when empty (never `q or ...`)
+
     @property
     def depth(self) -> int:
         return len(self.entries)
 
     @property
     def acquired_count(self) -> int:
-        return len(self.entries) - sum(len(a) for a in self._available)
+        return len(self.entries) - self._available
+
+    def _ordered(self, after: int = 0) -> Iterator[Entry]:
+        """Live entries with position > `after`, in position order."""
+        spine, head = self._spine, self._head
+        i = bisect_right(spine, after, lo=head, key=_position) if after else head
+        live = (e for e in map(spine.__getitem__, range(i, len(spine))) if e.state != DEAD)
+        if self._extra:
+            extra = self._extra.irange_key(after, None, inclusive=(False, True))
+            return heapq.merge(live, extra, key=_position)
+        return live
 
     def positions(self) -> Iterator[int]:
-        return iter(self._order)
+        return (e.position for e in self._ordered())
 
     def positions_after(self, after: int) -> Iterator[int]:
         """Positions greater than `after`, in order."""
-        return iter(self._order.irange(minimum=after, inclusive=(False, True)))
+        return (e.position for e in self._ordered(after))
 
     def next_after(self, after: int) -> int | None:
         return next(self.positions_after(after), None)
@@ -122,79 +187,141 @@ class Queue:
         return self.entries.get(position)
 
     def has_available(self) -> bool:
-        return not self.locked and any(self._available)
+        return not self.locked and self._available > 0
 
-    def has_room(self, msg: Payload) -> bool:
-        """Would a message fit without breaking max-count/max-size (policy reject)? Ring and last-value queues
-        always make room."""
+    def has_room(self, size: int) -> bool:
+        """Would a message of `size` bytes fit without breaking max-count/max-size (policy reject)? Ring and
+        last-value queues always make room."""
         o = self.options
         if o.ring or (o.max_count is None and o.max_size is None):
             return True
         if o.lvq_key is not None:
             return True  # a replacement needs no room; enqueue() decides
-        if o.max_count is not None and self.depth + 1 > o.max_count:
+        if o.max_count is not None and len(self.entries) + 1 > o.max_count:
             return False
-        return not (o.max_size is not None and self.bytes + msg.size > o.max_size)
+        return not (o.max_size is not None and self.bytes + size > o.max_size)
 
-    def _level_of(self, msg: Payload) -> int:
-        n = self.options.priority_levels
+    def level_of(self, priority: int) -> int:
+        n = self._levels
         if n == 1:
             return 0
-        p = min(max(msg.priority, 0), 9)
+        p = min(max(priority, 0), 9)
         return min(p * n // 10, n - 1)
 
     # ----- enqueue ----------------------------------------------------------------------------------------------
-    def enqueue(
-        self, msg: Payload, position: int | None = None, now: float | None = None, replicated: bool = False
-    ) -> Entry:
+    def enqueue(self, data: bytes, priority: int = 4, expires: float | None = None, durable: bool = False,
+                key: Any = None, position: int | None = None, replicated: bool = False,
+                now: float | None = None) -> Entry:
         """Add a message at the back, or at an explicit position. Raises QueueFull.
 
-        `replicated` is a backup applying its primary's enqueue: limits and last-value replacement were already
-        applied on the primary (which also sends the resulting dequeues), so they are not applied again here.
+        `expires` is the message's own absolute expiry; without one the queue's default-ttl applies. `key` is its
+        last-value key (LVQ queues). `replicated` is a backup applying its primary's enqueue: limits and
+        last-value replacement were already applied on the primary (which also sends the resulting dequeues).
         """
         opts = self.options
-        lvq_old: int | None = None
-        if replicated:
-            pass
-        elif opts.lvq_key is not None and msg.properties is not None:
-            key = msg.properties.get(opts.lvq_key)
-            if key is not None:
-                old = self._lvq.get(key)
-                if old is not None and old in self.entries and self.entries[old].state == AVAILABLE:
-                    lvq_old = old
-        if lvq_old is None and not replicated and not self._make_room(msg.size):
+        lvq_old: Entry | None = None
+        if key is not None and not replicated and opts.lvq_key is not None:
+            old = self._lvq.get(key)
+            if old is not None and old.state == AVAILABLE:
+                lvq_old = old
+        if lvq_old is None and not replicated and (opts.max_count is not None or opts.max_size is not None) \
+                and not self._make_room(len(data)):
             self.stats.rejected_full += 1
             raise QueueFull(f"queue {self.name} is full")
         if position is None:
             position = self.next_position
         elif position in self.entries:
             raise ValueError(f"position {position} already on queue {self.name}")
-        if position >= self.next_position:
-            self.next_position = position + 1
-        t = time.time() if now is None else now
-        expires = msg.expires_at
         if expires is None and opts.default_ttl is not None:
-            expires = msg.arrived_at + opts.default_ttl
-        entry = Entry(position, msg, self._level_of(msg), enqueued_at=t, expires_at=expires)
-        self.entries[position] = entry
-        self._order.add(position)
-        self._available[entry.level].add(position)
-        self.bytes += msg.size
+            expires = (time.time() if now is None else now) + opts.default_ttl
+        level = 0 if self._levels == 1 else self.level_of(priority)
+        entry = Entry(position, data, level, expires, DURABLE if durable else 0, key)
+        self._insert(entry)
+        if expires is not None:
+            self._expiring += 1
+        self.bytes += len(data)
         self.stats.enqueued += 1
-        if opts.lvq_key is not None and msg.properties is not None:
-            key = msg.properties.get(opts.lvq_key)
-            if key is not None and self._lvq.get(key, 0) < position:
-                self._lvq[key] = position
+        if key is not None and opts.lvq_key is not None:
+            cur = self._lvq.get(key)
+            if cur is None or cur.position < position:
+                self._lvq[key] = entry
         for o in self.observers:
             o.enqueued(self, entry)
         if lvq_old is not None:
-            self.dequeue(self.entries[lvq_old], DequeueReason.REPLACED)
+            self.dequeue(lvq_old, DequeueReason.REPLACED)
         return entry
+
+    def enqueue_replica(self, position: int, data: bytes, level: int, flags: int, count: int,
+                        expires: float | None) -> Entry:
+        """A backup applying its primary's enqueue as the primary keeps it (level, flags, delivery count and
+        absolute expiry included): no limits, no last-value replacement, no default-ttl (all done on the primary).
+        The position must not be on the queue."""
+        if position in self.entries:
+            raise ValueError(f"position {position} already on queue {self.name}")
+        entry = Entry(position, data, min(level, self._levels - 1), expires or None, flags & (REDELIVERED | DURABLE))
+        entry.count = count
+        self._insert(entry)
+        if entry.expires is not None:
+            self._expiring += 1
+        self.bytes += len(data)
+        self.stats.enqueued += 1
+        for o in self.observers:
+            o.enqueued(self, entry)
+        return entry
+
+    def _insert(self, entry: Entry) -> None:
+        position = entry.position
+        self.entries[position] = entry
+        self._available += 1
+        spine, head = self._spine, self._head
+        if position >= self.next_position:  # the usual case: at the back
+            self.next_position = position + 1
+            spine.append(entry)
+            self._avail[entry.level].append(entry)
+            return
+        first = self._first_live()
+        if first is None or position < first.position:  # below everything held: at the front (catch-up)
+            if first is None:
+                spine.append(entry)
+                self._avail[entry.level].append(entry)
+                return
+            if head == 0:
+                room = max(1024, len(spine))
+                spine[0:0] = [None] * room
+                head = room
+            head -= 1
+            spine[head] = entry
+            self._head = head
+            self._avail[entry.level].appendleft(entry)
+            return
+        if self._extra is None:
+            self._extra = SortedKeyList(key=_position)
+        entry.flags |= EXTRA
+        self._extra.add(entry)
+        heapq.heappush(self._back[entry.level], (position, entry))
+
+    def _first_live(self) -> Entry | None:
+        self._trim()
+        spine = self._spine
+        return spine[self._head] if self._head < len(spine) else None
+
+    def _trim(self) -> None:
+        """Drop dead entries from the front of the spine (and compact it now and then)."""
+        spine, head = self._spine, self._head
+        n = len(spine)
+        while head < n and spine[head].state == DEAD:
+            spine[head] = None
+            head += 1
+        if head > 4096 and head > n - head:
+            del spine[:head]
+            head = 0
+        elif head == n and head:
+            spine.clear()
+            head = 0
+        self._head = head
 
     def _make_room(self, size: int) -> bool:
         opts = self.options
-        if opts.max_count is None and opts.max_size is None:
-            return True
 
         def over() -> bool:
             return (opts.max_count is not None and len(self.entries) + 1 > opts.max_count) or (
@@ -205,10 +332,9 @@ class Queue:
             return True
         if not opts.ring:
             return False
-        for pos in list(self._order):
+        for e in list(self._ordered()):
             if not over():
                 break
-            e = self.entries[pos]
             if e.state == AVAILABLE:
                 self.stats.ring_evicted += 1
                 self.dequeue(e, DequeueReason.RING)
@@ -218,39 +344,67 @@ class Queue:
     def acquire_next(self, now: float | None = None, skip: set[int] | None = None) -> Entry | None:
         """Take the next available message (highest priority band, then lowest position) for a consumer,
         passing over positions in `skip` (messages this consumer declared undeliverable)."""
-        if self.locked:
+        if self.locked or not self._available:
             return None
-        for level in range(len(self._available) - 1, -1, -1):
-            avail = self._available[level]
-            while avail:
-                if skip:
-                    pos = next((p for p in avail if p not in skip), 0)
-                    if not pos:
-                        break
-                    avail.remove(pos)
-                else:
-                    pos = avail.pop(0)
-                entry = self.entries[pos]
-                exp = entry.expires_at
-                if exp is not None and exp <= (now if now is not None else time.time()):
-                    self._expire(entry)
-                    continue
+        t: float | None = None
+        for level in range(self._levels - 1, -1, -1):
+            while True:
+                entry = self._take(level, skip)
+                if entry is None:
+                    break
+                exp = entry.expires
+                if exp is not None:
+                    if t is None:
+                        t = time.time() if now is None else now
+                    if exp <= t:
+                        self._expire(entry)
+                        continue
                 entry.state = ACQUIRED
+                self._available -= 1
                 for o in self.observers:
                     o.acquired(self, entry)
                 return entry
+        return None
+
+    def _take(self, level: int, skip: set[int] | None) -> Entry | None:
+        """Remove and return the first available entry of `level` (not in `skip`), or None."""
+        avail, back = self._avail[level], self._back[level]
+        while avail and avail[0].state != AVAILABLE:
+            avail.popleft()
+        while back and back[0][1].state != AVAILABLE:
+            heapq.heappop(back)
+        if skip:
+            return self._take_skipping(level, skip)
+        if back and (not avail or back[0][0] < avail[0].position):
+            return heapq.heappop(back)[1]
+        if avail:
+            return avail.popleft()
+        return None
+
+    def _take_skipping(self, level: int, skip: set[int]) -> Entry | None:
+        avail, back = self._avail[level], self._back[level]
+        first_a = next((i for i, e in enumerate(avail) if e.state == AVAILABLE and e.position not in skip), None)
+        cands = [(pos, e) for pos, e in back if e.state == AVAILABLE and pos not in skip]
+        first_b = min(cands, key=lambda pe: pe[0]) if cands else None
+        if first_b is not None and (first_a is None or first_b[0] < avail[first_a].position):
+            back.remove(first_b)
+            heapq.heapify(back)
+            return first_b[1]
+        if first_a is not None:
+            e = avail[first_a]
+            del avail[first_a]
+            return e
         return None
 
     def browse_after(self, cursor: int, include_acquired: bool = False, now: float | None = None) -> Entry | None:
         """The next message after position `cursor`, for a browser (copy); skips expired messages."""
         if self.locked and not include_acquired:
             return None
-        t = now if now is not None else time.time()
-        for pos in self._order.irange(minimum=cursor, inclusive=(False, True)):
-            e = self.entries[pos]
+        t = time.time() if now is None else now
+        for e in self._ordered(cursor):
             if e.state != AVAILABLE and not include_acquired:
                 continue
-            if e.expires_at is not None and e.expires_at <= t and e.state == AVAILABLE:
+            if e.expires is not None and e.expires <= t and e.state == AVAILABLE:
                 continue
             return e
         return None
@@ -260,10 +414,12 @@ class Queue:
         if entry.state != ACQUIRED or self.entries.get(entry.position) is not entry:
             return
         entry.state = AVAILABLE
+        self._available += 1
         if delivery_failed:
-            entry.delivery_count += 1
-        entry.redelivered = entry.redelivered or redelivered
-        self._available[entry.level].add(entry.position)
+            entry.count += 1
+        if redelivered:
+            entry.flags |= REDELIVERED
+        heapq.heappush(self._back[entry.level], (entry.position, entry))
         for o in self.observers:
             o.released(self, entry)
 
@@ -273,26 +429,41 @@ class Queue:
         if self.entries.get(pos) is not entry:
             return
         del self.entries[pos]
-        self._order.remove(pos)
         if entry.state == AVAILABLE:
-            self._available[entry.level].discard(pos)
-        self.bytes -= entry.msg.size
+            self._available -= 1
+        entry.state = DEAD
+        self.bytes -= len(entry.data)
+        if entry.expires is not None:
+            self._expiring -= 1
         self.stats.dequeued += 1
-        if self.options.lvq_key is not None and entry.msg.properties is not None:
-            key = entry.msg.properties.get(self.options.lvq_key)
-            if key is not None and self._lvq.get(key) == pos:
-                del self._lvq[key]
+        if entry.key is not None and self._lvq.get(entry.key) is entry:
+            del self._lvq[entry.key]
+        if entry.flags & EXTRA:
+            self._extra.remove(entry)
+        else:
+            spine = self._spine
+            if self._head < len(spine) and spine[self._head] is entry:
+                self._trim()
         for o in self.observers:
             o.dequeued(self, entry, reason)
+        entry.data = _EMPTY  # a dead entry may linger in the spine: keep it small
 
     def dequeue_positions(self, positions: Iterable[int], reason: DequeueReason) -> int:
         n = 0
+        entries = self.entries
         for pos in positions:
-            e = self.entries.get(pos)
+            e = entries.get(pos)
             if e is not None:
                 self.dequeue(e, reason)
                 n += 1
         return n
+
+    def dequeue_range(self, lo: int, hi: int, reason: DequeueReason) -> int:
+        """Dequeue every message with a position in lo..hi (walking the range or the queue, whichever is shorter)."""
+        entries = self.entries
+        if hi - lo + 1 <= len(entries):
+            return self.dequeue_positions(range(lo, hi + 1), reason)
+        return self.dequeue_positions([p for p in entries if lo <= p <= hi], reason)
 
     def _expire(self, entry: Entry) -> None:
         self.stats.expired += 1
@@ -300,18 +471,17 @@ class Queue:
 
     def expire(self, now: float | None = None) -> int:
         """Drop available messages whose TTL has passed. Returns how many."""
+        if not self._expiring:
+            return 0
         t = time.time() if now is None else now
-        expired = [
-            e
-            for e in self.entries.values()
-            if e.state == AVAILABLE and e.expires_at is not None and e.expires_at <= t
-        ]
+        expired = [e for e in self.entries.values()
+                   if e.state == AVAILABLE and e.expires is not None and e.expires <= t]
         for e in expired:
             self._expire(e)
         return len(expired)
 
     def purge(self) -> list[Entry]:
-        gone = [self.entries[p] for p in list(self._order)]
+        gone = list(self._ordered())
         for e in gone:
             self.dequeue(e, DequeueReason.PURGED)
         return gone
@@ -319,13 +489,32 @@ class Queue:
     def drop_all(self) -> int:
         """Forget every message at once, without per-message observer calls (the queue is being deleted)."""
         n = len(self.entries)
+        for e in self.entries.values():
+            e.state = DEAD
         self.entries.clear()
-        self._order = SortedList()
-        self._available = [SortedList() for _ in range(self.options.priority_levels)]
+        self._spine = []
+        self._head = 0
+        self._extra = None
+        self._avail = [deque() for _ in range(self._levels)]
+        self._back = [[] for _ in range(self._levels)]
+        self._available = 0
         self._lvq.clear()
+        self._expiring = 0
         self.bytes = 0
         self.stats.dequeued += n
         return n
+
+    def rebuild_last_values(self, key_of: Any) -> None:
+        """Recompute the last-value index with `key_of(entry)` (a backup's replica never applied replacements:
+        done once when it is promoted)."""
+        self._lvq.clear()
+        if self.options.lvq_key is None:
+            return
+        for e in self._ordered():
+            k = key_of(e)
+            e.key = k
+            if k is not None:
+                self._lvq[k] = e
 
     def update_options(self, arguments: dict[str, Any], options: QueueOptions) -> None:
         if options.priority_levels != self.options.priority_levels:

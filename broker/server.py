@@ -1,7 +1,9 @@
-"""The broker's proton handler: connections, links, routing, dispatch, settlement.
+"""The broker: connections, routing, dispatch to consumers and settlement, on the engine's event loop.
 
-Everything runs on the reactor thread. Work that touches other connections (dispatching to consumers, settling held
-deliveries) is collected during a reactor pass and done once in `on_reactor_quiesced`.
+Everything runs on the loop thread. A pass of the loop first hands each link its deliveries (publishers route and
+enqueue as they read), then calls `quiesce` once: dispatch to consumers of the queues that changed, settle the
+client deliveries nobody holds any more, run the links that asked for it, and let the extensions (HA) batch what
+the pass gathered. The engine writes every connection's output right after.
 """
 
 from __future__ import annotations
@@ -9,67 +11,39 @@ from __future__ import annotations
 import functools
 import itertools
 import time
-import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from proton import Condition, Connection, Delivery, Endpoint, Link, Message, Terminus
-from proton.reactor import ApplicationEvent, Container, EventInjector
+from proton import Condition, Endpoint, Link, Message, Terminus
 
 from broker import __version__
+from broker.attach import Attacher
 from broker.auth import SaslSetup, User
 from broker.client import KIND_PROPERTY  # connection property: client | admin | ha
 from broker.config import BrokerConfig
-from broker.links import (
-    Completion,
-    ConsumerLink,
-    EventsLink,
-    LinkError,
-    LinkHandler,
-    PublisherLink,
-)
+from broker.engine import Conn, Engine, raw
+from broker.errors import LinkError, NoRoute, QueueFull, Refusal, WiringError
+from broker.extension import Extension
+from broker.links import Completion, ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
-from broker.management_link import ManagementLink
-from broker.message import Payload, decode_payload
-from broker.queue import Entry, Queue, QueueFull
-from broker.terminus import binding_key_from_filter, node_properties
-from broker.wiring import Wiring, WiringError, WiringEvent
+from broker.message import current_properties, current_subject, current_to, decode
+from broker.queue import Entry, Queue
+from broker.wiring import Wiring, WiringEvent
 
 log = get_logger("broker")
 
-MANAGEMENT = "$management"
-EVENTS = "$events"
 FAST_LOG_FLUSH = 0.2  # seconds between writes of batched event lines (lag samples, settle windows)
-
-
-class CompletionHolder(Protocol):
-    """Delays the settlement of a client's delivery. Return True to hold it (and call `completion.release()`
-    later, exactly once); False to let it go."""
-
-    def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool: ...
-
-
-class Refusal(Exception):
-    def __init__(self, condition: str, description: str, info: dict[str, Any] | None = None) -> None:
-        super().__init__(description)
-        self.condition = condition
-        self.description = description
-        self.info = info
-
-
-# An address handler claims attaches to addresses with its prefix: (server, link, conn, address) -> LinkHandler.
-AddressHandler = Callable[["Server", Link, "ConnectionState", str], LinkHandler]
-
+FENCE_RETRY = 0.05  # seconds between retries of settlements an extension holds back (may_settle)
 
 _conn_ids = itertools.count(1)
 
 
 @dataclass(eq=False)
 class ConnectionState:
-    connection: Connection
+    conn: Conn
     id: int = field(default_factory=lambda: next(_conn_ids))
     remote: str = ""
     user: str | None = None
@@ -80,16 +54,9 @@ class ConnectionState:
     unsettled_returned: int = 0
     refused: bool = False
 
-
-class _Timer:
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn = fn
-
-    def on_timer_task(self, event: Any) -> None:
-        try:
-            self.fn()
-        except Exception:
-            log.error("broker.error", where="timer", exc_info=True)
+    @property
+    def connection(self) -> Any:
+        return self.conn.connection
 
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -129,34 +96,23 @@ class Server:
         self.wiring = Wiring()
         self.wiring.observers.append(self)
         self.management = Management(self.wiring, self.broker_attributes)
-        self.container: Container | None = None
-        self.injector = EventInjector()
-        self.acceptor: Any = None
+        self.engine = Engine(broker_id)
+        self.engine.on_pass = self.quiesce
+        self.engine.on_failure = self._handler_failed
+        self.attacher = Attacher(self)
+        self.extensions: list[Extension] = []
         self.port: int | None = None
         self.sasl_dir: Path | None = None
-        self.conns: dict[Connection, ConnectionState] = {}
-        self.links: dict[Link, LinkHandler] = {}
+        self.conns: dict[Any, ConnectionState] = {}  # pn_connection_t* -> state
+        self.links: dict[Any, LinkHandler] = {}  # pn_link_t* -> handler
         self.consumers: dict[Queue, list[ConsumerLink]] = {}
         self.events_links: set[EventsLink] = set()
         self.dirty: set[Queue] = set()
         self.woken: set[LinkHandler] = set()
         self.to_settle: list[Completion] = []
         self.auto_delete_timers: dict[Queue, float] = {}
-        # Hooks for the layers above (HA); broker/ never imports them.
-        self.holders: list[CompletionHolder] = []
-        self.connection_policy: Callable[[ConnectionState], None] | None = None  # raise Refusal to refuse
-        self.address_handlers: dict[str, AddressHandler] = {}
-        self.attribute_providers: list[Callable[[], dict[str, Any]]] = []
-        self.role_epoch: Callable[[], tuple[str, int]] = lambda: ("standalone", 0)
-        self.on_started: list[Callable[[], None]] = []
-        self.on_connection_closed: list[Callable[[ConnectionState], None]] = []
-        self.connection_properties: list[Callable[[], dict[str, Any]]] = []
-        # Every fence must pass before client deliveries are settled (e.g. "I still hold the primary's lease");
-        # while one fails, settlements wait (they are retried every 50 ms).
-        self.settle_fences: list[Callable[[], bool]] = []
+        self._on_pass_once: list[Callable[[], None]] = []
         self._fence_retry: Any = None
-        self.on_quiesced: list[Callable[[], None]] = []
-        self.on_quiesced_once: list[Callable[[], None]] = []
         # client.settled window
         self._settled_count = 0
         self._settled_first = 0.0
@@ -166,12 +122,12 @@ class Server:
         self._stopping = False
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
-    def on_reactor_init(self, event: Any) -> None:
-        self.container = event.container
-        assert self.container is not None
-        self.container.selectable(self.injector)
-        self.acceptor = self.container.listen(f"{self.config.host}:{self.config.port}")
-        self.port = self.acceptor._selectable._delegate.getsockname()[1]
+    def add_extension(self, ext: Extension) -> None:
+        self.extensions.append(ext)
+
+    def start(self) -> None:
+        """Listen (raises OSError when the address is taken) and tell the extensions."""
+        self.port = self.engine.listen(self.config.host, self.config.port, self._accepted)
         self.schedule(1.0, self._tick)
         self.schedule(FAST_LOG_FLUSH, self._flush_fast_log)
         log.info(
@@ -181,8 +137,22 @@ class Server:
             ha_cluster=self.config.ha_cluster,
             data_dir=str(self.config.data_dir) if self.config.data_dir else None,
         )
-        for fn in self.on_started:
-            fn()
+        for ext in self.extensions:
+            ext.started(self)
+
+    def run(self) -> None:
+        self.start()
+        try:
+            self.engine.run()
+        finally:
+            self.engine.close()
+
+    def role_epoch(self) -> tuple[str, int]:
+        for ext in self.extensions:
+            r = ext.role_epoch()
+            if r is not None:
+                return r
+        return ("standalone", 0)
 
     def handle_management(self, req: Request) -> Response:
         """One management request, whatever carried it (`$management` link or the admin socket)."""
@@ -197,16 +167,11 @@ class Server:
         return resp
 
     def schedule(self, delay: float, fn: Callable[[], None]) -> Any:
-        assert self.container is not None
-        return self.container.schedule(delay, _Timer(fn))  # type: ignore[arg-type]
+        return self.engine.schedule(delay, fn)
 
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
-        """Run `fn` on the reactor thread (from any thread, or a signal handler)."""
-        self.injector.trigger(ApplicationEvent("call", subject=fn))
-
-    @guarded
-    def on_call(self, event: Any) -> None:
-        event.subject()
+        """Run `fn` on the loop thread (from any thread, or a signal handler)."""
+        self.engine.call_soon_threadsafe(fn)
 
     def shutdown(self, reason: str) -> None:
         self.call_soon_threadsafe(lambda: self._shutdown(reason))
@@ -216,26 +181,28 @@ class Server:
             return
         self._stopping = True
         log.info("broker.stopping", reason=reason)
-        if self.acceptor is not None:
-            self.acceptor.close()
-        for c in list(self.conns):
+        for ext in self.extensions:
+            ext.stopping()
+        self.engine.close_listeners()
+        for st in list(self.conns.values()):
+            c = st.connection
             if c.state & Endpoint.LOCAL_ACTIVE:
                 c.condition = Condition("amqp:connection:forced", f"broker shutting down ({reason})")
                 c.close()
+        for conn in list(self.engine.conns.values()):  # outgoing ones (a backup's link to its primary)
+            if conn.connection.state & Endpoint.LOCAL_ACTIVE:
+                conn.connection.close()
         self._flush_settled_log(force=True)
         fast.flush()
-        self.injector.close()
         self._stop_when_flushed(time.monotonic() + 2.0)
 
     def _stop_when_flushed(self, deadline: float) -> None:
-        """Stop the reactor once every client has been sent its close frame (or at the deadline): clients learn
-        at once that the broker went away, instead of from a dropped socket."""
-        unsent = [c for c in self.conns if c.transport is not None and c.transport.pending() > 0]
-        if unsent and time.monotonic() < deadline:
+        """Stop the loop once every client has been sent its close frame (or at the deadline): clients learn at
+        once that the broker went away, instead of from a dropped socket."""
+        if self.engine.pending_output() and time.monotonic() < deadline:
             self.schedule(0.02, lambda: self._stop_when_flushed(deadline))
             return
-        assert self.container is not None
-        self.container.stop()
+        self.engine.stop()
 
     def _flush_fast_log(self) -> None:
         fast.flush()
@@ -248,6 +215,8 @@ class Server:
             n = q.expire(now)
             if n:
                 log.info("queue.expired", queue=q.name, count=n)
+                if q in self.consumers:
+                    self.dirty.add(q)
         for q, due in list(self.auto_delete_timers.items()):
             if due <= now:
                 del self.auto_delete_timers[q]
@@ -257,27 +226,34 @@ class Server:
         if not self._stopping:
             self.schedule(1.0, self._tick)
 
+    def _handler_failed(self, handler: Any, where: str, exc: BaseException) -> None:
+        log.error("broker.error", where=where, handler=type(handler).__name__, exc_info=exc)
+        if isinstance(handler, LinkHandler) and not handler.closed:
+            try:
+                self.close_link(handler.link, "amqp:internal-error", f"{type(exc).__name__}: {exc}")
+            except Exception:
+                log.error("broker.error", where="cleanup", exc_info=True)
+
     # ----- connections ------------------------------------------------------------------------------------------
-    @guarded
-    def on_connection_bound(self, event: Any) -> None:
-        t = event.transport
-        sasl = t.sasl()
+    def _accepted(self, conn: Conn) -> Server:
+        """A new socket: set up SASL before the first byte is read. This server handles its events."""
+        sasl = conn.transport.sasl()
         sasl.allow_insecure_mechs = True
         if self.sasl_dir is not None:
             sasl.config_path(str(self.sasl_dir))
             sasl.config_name(SaslSetup.CONFIG_NAME)
         sasl.allowed_mechs(" ".join(self.config.sasl_mechanisms))
+        return self
 
     @guarded
     def on_connection_remote_open(self, event: Any) -> None:
         c = event.connection
-        if c in self.conns or c.state & Endpoint.LOCAL_ACTIVE:
-            return  # an outgoing connection (its own handler deals with it)
-        st = ConnectionState(c)
-        try:
-            st.remote = f"{c.url.host}:{c.url.port}" if getattr(c, "url", None) else ""
-        except Exception:
-            st.remote = ""
+        conn = self.engine.conn_of(c)
+        if conn is None or c._impl in self.conns:
+            return
+        st = ConnectionState(conn)
+        conn.state = st
+        st.remote = conn.remote
         st.user = event.transport.user if event.transport else None
         props = c.remote_properties or {}
         st.properties = dict(props)
@@ -288,22 +264,22 @@ class Server:
             # Only replication connections are declared dead after two silent heartbeats; a client that is
             # busy in its own code for a while must not lose its connection.
             event.transport.idle_timeout = self.config.ha_heartbeat * 2
-        self.conns[c] = st
+        self.conns[c._impl] = st
         c.offered_capabilities = ["ANONYMOUS-RELAY"]
         props_out: dict[str, Any] = {"product": "understudy", "version": __version__, "x-understudy-broker": self.id}
-        for provider in self.connection_properties:
-            props_out.update(provider())
+        for ext in self.extensions:
+            props_out.update(ext.connection_properties())
         c.properties = props_out
-        if self.connection_policy is not None:
-            try:
-                self.connection_policy(st)
-            except Refusal as r:
-                st.refused = True
-                c.condition = Condition(r.condition, r.description, r.info)  # type: ignore[arg-type]
-                c.open()
-                c.close()
-                log.warning("connection.refused", remote=st.remote, condition=r.condition, description=r.description)
-                return
+        try:
+            for ext in self.extensions:
+                ext.admit(st)
+        except Refusal as r:
+            st.refused = True
+            c.condition = Condition(r.condition, r.description, r.info)  # type: ignore[arg-type]
+            c.open()
+            c.close()
+            log.warning("connection.refused", remote=st.remote, condition=r.condition, description=r.description)
+            return
         c.open()
         log.info("connection.opened", connection=st.id, remote=st.remote, user=st.user, kind=st.kind)
 
@@ -317,58 +293,50 @@ class Server:
 
     @guarded
     def on_session_remote_open(self, event: Any) -> None:
-        if event.connection in self.conns:
+        if event.connection._impl in self.conns:
             event.session.open()
 
     @guarded
     def on_session_remote_close(self, event: Any) -> None:
-        if event.connection in self.conns:
-            for link in list(self.links):
-                if link.session == event.session:
-                    self._link_gone(link)
-            event.session.close()
+        if event.connection._impl in self.conns:
+            ssn = event.session
+            for h in list(self.links.values()):
+                if h.link.session == ssn:
+                    self._link_gone(h.link)
+            ssn.close()
 
     @guarded
     def on_connection_remote_close(self, event: Any) -> None:
         c = event.connection
-        if c in self.conns:
+        if c._impl in self.conns:
             self._connection_gone(c)
             c.close()
-
-    @guarded
-    def on_transport_tail_closed(self, event: Any) -> None:
-        # When a read fails (connection reset by the peer) proton's Python IO handler closes only the input side
-        # and never the output side, so the transport, its connection and every link on it would linger forever
-        # (a vanished consumer's unsettled messages never coming back). Nothing more can arrive: close the output
-        # side too, as proton itself does on a plain EOF; that ends in on_transport_closed.
-        t = event.transport
-        if t is not None and event.connection in self.conns and not t.closed:
-            t.close_head()
 
     @guarded
     def on_transport_error(self, event: Any) -> None:
         # Failed logins end here, before any connection opens: say so (the client only sees its own error).
         c, t = event.connection, event.transport
         cond = t.condition if t is not None else None
-        if cond is not None and cond.name == "amqp:unauthorized-access" and c is not None and c not in self.conns \
-                and not c.state & Endpoint.LOCAL_ACTIVE:
-            log.warning("connection.refused", remote=_remote(c), condition=cond.name, description=cond.description,
-                        user=t.user if t is not None else None)
+        if cond is not None and cond.name == "amqp:unauthorized-access" and c is not None \
+                and c._impl not in self.conns:
+            conn = self.engine.conn_of(c)
+            log.warning("connection.refused", remote=conn.remote if conn else "", condition=cond.name,
+                        description=cond.description, user=t.user if t is not None else None)
 
     @guarded
     def on_transport_closed(self, event: Any) -> None:
         c = event.connection
-        if c is not None and c in self.conns:
+        if c is not None and c._impl in self.conns:
             self._connection_gone(c)
 
-    def _connection_gone(self, c: Connection) -> None:
-        st = self.conns.pop(c, None)
+    def _connection_gone(self, c: Any) -> None:
+        st = self.conns.pop(c._impl, None)
         if st is None:
             return
-        for link in [lk for lk, h in self.links.items() if h.conn is st]:
-            self._link_gone(link)
-        for fn in self.on_connection_closed:
-            fn(st)
+        for h in [h for h in self.links.values() if h.conn is st]:
+            self._link_gone(h.link)
+        for ext in self.extensions:
+            ext.connection_closed(st)
         if not st.refused:
             err = c.remote_condition.name if c.remote_condition else None
             log.info("connection.closed", connection=st.id, error=err, unsettled_returned=st.unsettled_returned)
@@ -377,21 +345,20 @@ class Server:
     @guarded
     def on_link_remote_open(self, event: Any) -> None:
         link = event.link
-        st = self.conns.get(event.connection)
-        if st is None or link in self.links:
+        st = self.conns.get(event.connection._impl)
+        if st is None or link._impl in self.links:
             return
         try:
-            handler = self._attach(link, st)
+            handler = self.attacher.attach(link, st)
         except (LinkError, WiringError) as e:
-            cond = e.condition if isinstance(e, LinkError) else type(e).condition
-            desc = e.description if isinstance(e, LinkError) else str(e)
-            self._refuse_link(link, st, cond, desc)
+            self._refuse_link(link, st, e.condition, e.description)
             return
-        self.links[link] = handler
+        self.links[link._impl] = handler
+        self.engine.add_fast(link, handler)
         st.links.add(handler)
         if link.state & Endpoint.LOCAL_UNINIT:
             link.open()
-        if link.is_receiver and isinstance(handler, PublisherLink):
+        if isinstance(handler, PublisherLink):
             handler.top_up()
         handler.on_flow()
 
@@ -407,121 +374,6 @@ class Server:
         link.condition = Condition(condition, description)
         link.close()
 
-    def _attach(self, link: Link, st: ConnectionState) -> LinkHandler:
-        if link.is_receiver:
-            return self._attach_receiver(link, st)
-        return self._attach_sender(link, st)
-
-    def _copy_terminus(self, link: Link) -> None:
-        if link.is_receiver:
-            link.target.copy(link.remote_target)
-            link.source.copy(link.remote_source)
-        else:
-            link.source.copy(link.remote_source)
-            link.target.copy(link.remote_target)
-
-    def _prefix_handler(self, address: str | None) -> AddressHandler | None:
-        if not address:
-            return None
-        for prefix, h in self.address_handlers.items():
-            if address.startswith(prefix):
-                return h
-        return None
-
-    def _attach_receiver(self, link: Any, st: ConnectionState) -> LinkHandler:
-        """The peer sends to us."""
-        target = link.remote_target
-        self._copy_terminus(link)
-        link.max_message_size = self.config.max_message_size
-        address = target.address
-        ph = self._prefix_handler(address)
-        if ph is not None:
-            return ph(self, link, st, address or "")
-        if address == MANAGEMENT:
-            return ManagementLink(self, link, st)
-        if target.dynamic:
-            q = self._temp_queue(target.properties)
-            link.target.address = q.name
-            link.target.dynamic = True
-            return PublisherLink(self, link, st, q.name)
-        if address is None:
-            return PublisherLink(self, link, st, None)  # anonymous relay
-        if address not in self.wiring.queues and address not in self.wiring.exchanges:
-            self._auto_create(address, target.properties)
-        return PublisherLink(self, link, st, address)
-
-    def _attach_sender(self, link: Any, st: ConnectionState) -> LinkHandler:
-        """The peer receives from us."""
-        source = link.remote_source
-        self._copy_terminus(link)
-        address = source.address
-        ph = self._prefix_handler(address)
-        if ph is not None:
-            return ph(self, link, st, address or "")
-        if address == EVENTS:
-            h = EventsLink(self, link, st)
-            self.events_links.add(h)
-            return h
-        if source.dynamic:
-            q = self._temp_queue(source.properties)
-            link.source.address = q.name
-            return self._consumer(link, st, q, browse=False)
-        if address is None:
-            raise LinkError("amqp:invalid-field", "a receiving link needs a source address")
-        if address in self.wiring.exchanges:
-            return self._subscribe_exchange(link, st, address)
-        found = self.wiring.queues.get(address)
-        if found is None:  # (a Queue is falsy when empty: never `or` it)
-            found = self._auto_create(address, source.properties)
-        browse = source.distribution_mode == Terminus.DIST_MODE_COPY
-        return self._consumer(link, st, found, browse)
-
-    def _consumer(self, link: Any, st: ConnectionState, q: Queue, browse: bool) -> ConsumerLink:
-        if q.locked:
-            raise LinkError("amqp:resource-locked", f"queue {q.name!r} is not available on this broker")
-        if q.options.exclusive and q.consumer_count > 0:
-            raise LinkError("amqp:resource-locked", f"queue {q.name!r} is exclusive and already has a consumer")
-        h = ConsumerLink(self, link, st, q, browse)
-        link.source.distribution_mode = Terminus.DIST_MODE_COPY if browse else Terminus.DIST_MODE_MOVE
-        self.consumers.setdefault(q, []).append(h)
-        q.consumer_count += 1
-        q.had_consumer = True
-        self.auto_delete_timers.pop(q, None)
-        return h
-
-    def _subscribe_exchange(self, link: Any, st: ConnectionState, exchange: str) -> ConsumerLink:
-        ex = self.wiring.exchange(exchange)
-        key = binding_key_from_filter(link.remote_source.filter)
-        if key is None:
-            key = "#" if ex.type == "topic" else ""
-        q = self._temp_queue(None)
-        self.wiring.bind(exchange, q.name, key)
-        return self._consumer(link, st, q, browse=False)
-
-    def _temp_queue(self, properties: Any) -> Queue:
-        args: dict[str, Any] = {"exclusive": True, "auto-delete": True}
-        args.update(node_properties(properties))
-        q, _ = self.wiring.declare_queue(f"temp.{uuidlib.uuid4()}", args, temporary=True)
-        return q
-
-    def _auto_create(self, address: str, properties: Any) -> Queue:
-        if not self.config.auto_create_queues:
-            raise LinkError("amqp:not-found", f"no queue or exchange named {address!r}")
-        q, _ = self.wiring.declare_queue(address, node_properties(properties))
-        return q
-
-    @guarded
-    def on_link_flow(self, event: Any) -> None:
-        h = self.links.get(event.link)
-        if h is not None:
-            h.on_flow()
-
-    @guarded
-    def on_delivery(self, event: Any) -> None:
-        h = self.links.get(event.link)
-        if h is not None:
-            h.on_delivery(event.delivery)
-
     @guarded
     def on_link_remote_close(self, event: Any) -> None:
         self._remote_detach(event.link)
@@ -531,13 +383,14 @@ class Server:
         self._remote_detach(event.link)
 
     def _remote_detach(self, link: Link) -> None:
-        if link in self.links:
+        if link._impl in self.links:
             self._link_gone(link)
-        if link.state & Endpoint.LOCAL_ACTIVE and link.connection in self.conns:
+        if link.state & Endpoint.LOCAL_ACTIVE and link.connection._impl in self.conns:
             link.close()
 
     def _link_gone(self, link: Link) -> None:
-        h = self.links.pop(link, None)
+        h = self.links.pop(link._impl, None)
+        self.engine.remove_fast(link)
         if h is None or h.closed:
             return
         h.closed = True
@@ -545,25 +398,15 @@ class Server:
         self.woken.discard(h)
         h.on_detached()
         if isinstance(h, ConsumerLink):
-            lst = self.consumers.get(h.queue)
-            if lst is not None and h in lst:
-                lst.remove(h)
-                if not lst:
-                    del self.consumers[h.queue]
-            q = h.queue
-            q.consumer_count -= 1
-            if q.consumer_count == 0 and q.options.auto_delete and q.had_consumer and not q.deleted:
-                self.auto_delete_timers[q] = time.time() + q.options.auto_delete_timeout
-                if q.options.auto_delete_timeout == 0:
-                    self.wake_call(lambda: self._auto_delete_now(q))
+            self.attacher.consumer_gone(h)
 
-    def _auto_delete_now(self, q: Queue) -> None:
+    def auto_delete_now(self, q: Queue) -> None:
         if self.auto_delete_timers.get(q, 1e18) <= time.time() and q.consumer_count == 0 and not q.deleted:
             del self.auto_delete_timers[q]
             self._delete_queue(q)
 
     def _delete_queue(self, q: Queue) -> None:
-        if q.name in self.wiring.queues and self.wiring.queues[q.name] is q:
+        if self.wiring.queues.get(q.name) is q:
             self.wiring.delete_queue(q.name)
 
     def close_link(self, link: Link, condition: str, description: str) -> None:
@@ -604,52 +447,59 @@ class Server:
         qs = self.wiring.queues
         return [qs[n] for n in names if n in qs]
 
-    def route_and_hold(self, pub: PublisherLink, delivery: Delivery, data: bytes) -> None:
-        msg = decode_payload(data)
+    def route(self, pub: PublisherLink, d: Any, data: bytes) -> None:
+        """Route one received message (raises MessageRefused), then settle it or hold it for the extensions."""
+        meta = decode(data)
         address = pub.address
         if address is None:
-            address = msg.to
+            address = current_to()
             if not address:
-                raise LinkError("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
-        targets = self.targets(address, msg)
+                raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
+        q = self.wiring.queues.get(address)
+        if q is not None:
+            targets: list[Queue] = [q]
+        elif address in self.wiring.exchanges:
+            targets = self.route_exchange(address, current_subject())
+        else:
+            raise NoRoute("amqp:not-found", f"no queue or exchange named {address!r}")
+        size = len(data)
         for q in targets:
-            if not q.has_room(msg):
+            if not q.has_room(size):
                 raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)")
-        routed = [(q, q.enqueue(msg)) for q in targets]
-        for q, _ in routed:
-            if q in self.consumers:
+        routed = []
+        consumers = self.consumers
+        for q in targets:
+            key = None
+            lvq = q.options.lvq_key
+            if lvq is not None:
+                props = current_properties()
+                key = props.get(lvq) if props else None
+            routed.append((q, q.enqueue(data, meta.priority, meta.expires, meta.durable, key)))
+            if q in consumers:
                 self.dirty.add(q)
-        if delivery.settled:  # pre-settled by the sender: at most once, nothing to hold
+        if raw.delivery_settled(d):  # pre-settled by the sender: at most once, nothing to hold
             pub.unsettled -= 1
-            delivery.settle()
+            raw.delivery_settle(d)
+            self.woken.add(pub)
             return
-        c = Completion(pub, delivery)
-        if routed:
-            for h in self.holders:
-                if h.hold(c, routed):
+        c = Completion(pub, d)
+        if routed and self.extensions:
+            for ext in self.extensions:
+                if ext.hold(c, routed):
                     c.pending += 1
         c.release()
 
-    def targets(self, address: str, msg: Payload) -> list[Queue]:
-        q = self.wiring.queues.get(address)
-        if q is not None:
-            return [q]
-        if address in self.wiring.exchanges:
-            return self.route_exchange(address, msg.subject)
-        raise LinkError("amqp:not-found", f"no queue or exchange named {address!r}")
-
-    def dead_letter(self, q: Queue, entry: Entry) -> None:
+    def dead_letter(self, q: Queue, data: bytes) -> None:
+        """A message `q`'s consumer rejected goes to the queue's alternate exchange, if it has one."""
         alt = q.options.alternate_exchange
-        if alt is None or alt not in self.wiring.exchanges:
+        if alt is None or alt not in self.wiring.exchanges or not data:
             return
-        for target in self.route_exchange(alt, entry.msg.subject):
-            if target is not q and target.has_room(entry.msg):
-                target.enqueue(entry.msg)
+        meta = decode(data, trusted=True)
+        for target in self.route_exchange(alt, current_subject()):
+            if target is not q and target.has_room(len(data)):
+                target.enqueue(data, meta.priority, meta.expires, meta.durable)
                 if target in self.consumers:
                     self.dirty.add(target)
-
-    def settle_later(self, c: Completion) -> None:
-        self.to_settle.append(c)
 
     def wake_queue(self, q: Queue) -> None:
         self.dirty.add(q)
@@ -658,44 +508,47 @@ class Server:
         self.woken.add(h)
 
     def wake_call(self, fn: Callable[[], None]) -> None:
-        self.on_quiesced_once.append(fn)
-
-    @guarded
-    def on_reactor_quiesced(self, event: Any) -> None:
-        self.quiesce()
+        """Run `fn` at the end of this pass (or the next one, when called outside a pass)."""
+        self._on_pass_once.append(fn)
 
     def quiesce(self) -> None:
-        """Once per reactor pass: dispatch, settle, deferred link work."""
-        # Repeat until nothing is left: dispatching can settle, settling can free credit.
+        """Once per pass: dispatch, deferred link work, the extensions' end-of-pass work, settlement; repeated
+        until nothing is left (dispatching can settle, settling can free credit, replication can release)."""
+        exts = self.extensions
         for _ in range(100):
-            if not (self.dirty or (self.to_settle and self._fences_pass()) or self.woken
-                    or self.on_quiesced_once):
-                break
-            if self.to_settle and self._fences_pass():
-                batch, self.to_settle = self.to_settle, []
-                self._settle(batch)
+            did = False
             if self.dirty:
                 dirty, self.dirty = self.dirty, set()
                 for q in dirty:
                     if not q.deleted:
                         self.dispatch(q)
+                did = True
             if self.woken:
                 woken, self.woken = self.woken, set()
                 for h in woken:
                     if not h.closed:
                         h.run()
-            if self.on_quiesced_once:
-                calls, self.on_quiesced_once = self.on_quiesced_once, []
+                did = True
+            if self._on_pass_once:
+                calls, self._on_pass_once = self._on_pass_once, []
                 for fn in calls:
                     fn()
-        for fn in self.on_quiesced:
-            fn()
+                did = True
+            for ext in exts:
+                if ext.end_of_pass():
+                    did = True
+            if self.to_settle and self._fences_pass():
+                batch, self.to_settle = self.to_settle, []
+                self._settle(batch)
+                did = True
+            if not did:
+                return
 
     def _fences_pass(self) -> bool:
-        if all(f() for f in self.settle_fences):
+        if all(ext.may_settle() for ext in self.extensions):
             return True
         if self._fence_retry is None and not self._stopping:
-            self._fence_retry = self.schedule(0.05, self._retry_fenced)
+            self._fence_retry = self.schedule(FENCE_RETRY, self._retry_fenced)
         return False
 
     def _retry_fenced(self) -> None:
@@ -709,7 +562,7 @@ class Server:
             pub = c.publisher
             if pub.closed:
                 continue
-            pub.settled(c.delivery)
+            pub.settle(c.delivery)
             publishers.add(pub)
             n += 1
         for pub in publishers:  # credit once per link and batch, not per message
@@ -736,7 +589,8 @@ class Server:
         consumers = self.consumers.get(q)
         if not consumers:
             return
-        movers = [c for c in consumers if not c.browse and c.sender.credit > 0]
+        credit = raw.link_credit
+        movers = [c for c in consumers if not c.browse and credit(c.l) > 0]
         if movers and q.has_available():
             # Round robin, starting after whoever got the first message last time.
             i = 0
@@ -749,22 +603,21 @@ class Server:
                         continue
                     break
                 c.send(e)
-                if c.sender.credit <= 0:
+                if credit(c.l) <= 0:
                     movers.remove(c)
                 else:
                     i += 1
             consumers.append(consumers.pop(0))
         for b in consumers:
             if b.browse:
-                while b.sender.credit > 0:
+                while credit(b.l) > 0:
                     e = q.browse_after(b.cursor)
                     if e is None:
                         break
                     b.cursor = e.position
                     b.send(e)
         for c in consumers:
-            if c.sender.drain_mode and c.sender.credit > 0:
-                c.sender.drained()
+            c.drain_if_asked()
 
     # ----- management -------------------------------------------------------------------------------------------
     def broker_attributes(self) -> dict[str, Any]:
@@ -783,8 +636,8 @@ class Server:
             "epoch": epoch,
             "seq": self.wiring.seq,
         }
-        for p in self.attribute_providers:
-            attrs.update(p())
+        for ext in self.extensions:
+            attrs.update(ext.attributes())
         return attrs
 
     def deliver_reply(self, reply_to: str, msg: Message, conn: ConnectionState | None = None) -> bool:
@@ -792,9 +645,10 @@ class Server:
         q = self.wiring.queues.get(reply_to)
         if q is None:
             return False
-        data = msg.encode()
+        data = bytes(msg.encode())
+        meta = decode(data, trusted=True)
         try:
-            q.enqueue(decode_payload(data))
+            q.enqueue(data, meta.priority, meta.expires, meta.durable)
         except QueueFull:
             return False
         if q in self.consumers:
@@ -820,10 +674,3 @@ class Server:
                 count=h.rejected_since_log,
             )
             h.rejected_since_log = 0
-
-
-def _remote(c: Connection) -> str:
-    try:
-        return f"{c.url.host}:{c.url.port}"  # type: ignore[attr-defined]
-    except Exception:
-        return ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.links import LinkError
+from broker.errors import LinkError
 
 
 def node_properties(properties: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from broker.errors import Conflict, InvalidRequest, NotFound, WiringError
 from broker.exchange import Binding, BindingKey, Exchange
 from broker.options import (
     BINDING_ARGUMENTS,
@@ -23,27 +24,7 @@ from broker.options import (
 )
 from broker.queue import Queue
 
-
-class WiringError(Exception):
-    """A wiring request that cannot be done. `status` is the management status code to answer with."""
-
-    status = 400
-    condition = "amqp:invalid-field"
-
-
-class NotFound(WiringError):
-    status = 404
-    condition = "amqp:not-found"
-
-
-class Conflict(WiringError):
-    status = 409
-    condition = "amqp:resource-locked"
-
-
-class InvalidRequest(WiringError):
-    status = 400
-    condition = "amqp:invalid-field"
+__all__ = ["Conflict", "InvalidRequest", "NotFound", "Wiring", "WiringError", "WiringEvent", "WiringObserver"]
 
 
 @dataclass(frozen=True, slots=True)

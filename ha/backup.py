@@ -1,8 +1,10 @@
 """The backup's side of replication: find the primary, mirror its wiring, replicate its queues.
 
 One outgoing AMQP connection to the primary (tried in turn from `--ha-brokers-url`, skipping ourselves; reconnect
-with backoff and jitter). On it: subscribe to `$events` first, then QUERY queues, exchanges and bindings, reconcile,
-replay the events the queries did not cover, then open one replicating browser per replicated queue.
+with backoff and jitter), made and driven by the broker's own event loop. On it: subscribe to `$events` first, then
+QUERY queues, exchanges and bindings, reconcile, replay the events the queries did not cover, then open one
+replicating browser per replicated queue. The control links (events, management replies, membership) carry proton
+messages and take the event loop's rare-event path; the browsers take its hot path (raw deliveries).
 """
 
 from __future__ import annotations
@@ -15,17 +17,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from proton import Handler, Message
-from proton.handlers import MessagingHandler
-from proton.reactor import LinkOption
+from cproton import pn_delivery_tag
+from proton import Condition, Endpoint, Message
 
+from broker.engine import Conn, raw
+from broker.errors import BatchError, MalformedMessage, WiringError
 from broker.log import get_logger
-from broker.message import MalformedMessage, decode_payload
+from broker.message import decode
 from broker.options import QUEUE_ARGUMENTS, QueueOptions, normalize
 from broker.queue import DequeueReason, Queue
 from broker.server import Server
-from broker.wiring import WiringError
 from ha import protocol as P
+from ha.core import batch as B
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.idset import PositionSet, as_position_set
 from ha.core.membership import Membership
@@ -37,29 +40,25 @@ if TYPE_CHECKING:
 log = get_logger("ha.backup")
 
 _corr = itertools.count(1)
+_tags = itertools.count(1)
 
 ATTEMPT_DEADLINE = 1.0  # seconds for TCP connect + AMQP open with one address before trying the next
 AVOID_LOST_PRIMARY = 5.0  # seconds during which the address of a lost primary is tried last
+CONTROL_CREDIT = 100
 
 
-class _LinkProperties(LinkOption):
-    def __init__(self, props: dict[str, Any]) -> None:
-        self.props = props
+class Backup:
+    """The handler of the connection to the primary (the event loop calls its `on_*` methods)."""
 
-    def apply(self, link: Any) -> None:
-        link.properties = self.props
-
-
-class Backup(MessagingHandler):  # type: ignore[misc]
     def __init__(self, node: HaNode) -> None:
-        super().__init__(prefetch=0, auto_accept=False, auto_settle=True, peer_close_is_error=True)
         self.node = node
         self.server: Server = node.server
         self.config = node.config
         self.candidates = list(self.config.brokers)
         self.index = 0
         self.failures = 0
-        self.conn: Any = None
+        self.conn: Conn | None = None
+        self.session: Any = None
         self.connected = False
         self.stopped = False
         self.primary_name: str | None = None
@@ -74,7 +73,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.snapshot: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self.replicators: dict[str, QueueReplicator] = {}
         self.ack_link: Any = None  # batched acknowledgements to the primary, when it offers them
-        self.pending_acks: dict[str, list[int]] = {}  # queue -> positions applied, not yet acknowledged
+        self.pending_acks: dict[str, PositionSet] = {}  # queue -> positions applied, not yet acknowledged
         self.wiring_ready = False
         self._reconnect_task: Any = None
         self._attempt_address: str | None = None
@@ -84,19 +83,22 @@ class Backup(MessagingHandler):  # type: ignore[misc]
 
     # ----- connection lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        self.server.on_quiesced.append(self._flush_acks)
         self._connect()
 
     def stop(self) -> None:
         self.stopped = True
-        if self._flush_acks in self.server.on_quiesced:
-            self.server.on_quiesced.remove(self._flush_acks)
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
         self._teardown()
-        if self.conn is not None and self.conn.state & 2:  # LOCAL_ACTIVE
-            self.conn.close()
-        self.conn = None
+        self._close()
+
+    def _close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None and not conn.closed:
+            if conn.connection.state & Endpoint.LOCAL_ACTIVE:
+                conn.connection.close()
+            if conn.connecting:
+                conn.abort("closed")
 
     def kick(self) -> None:
         """Try again now (e.g. the coordinator just named a new primary)."""
@@ -134,27 +136,20 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             P.PROP_ADDRESS: self.node.address,
             P.PROP_EPOCH: self.node.epoch,
         }
-        kw: dict[str, Any] = {"reconnect": False, "properties": props, "heartbeat": self.config.ha_heartbeat}
-        if self.config.ha_username:
-            kw.update(user=self.config.ha_username, password=self.config.ha_password, allow_insecure_mechs=True,
-                      allowed_mechs="PLAIN")
-        assert self.server.container is not None
+        user = self.config.ha_username
         self.connected = False
         self._attempt_address = f"{host}:{port}"
-        self.conn = self.server.container.connect(url=f"{host}:{port}", handler=self, **kw)
+        self.conn = self.server.engine.connect(
+            host, port, self, properties=props, user=user, password=self.config.ha_password,
+            mechanisms="PLAIN" if user else None, heartbeat=self.config.ha_heartbeat)
         # A dead host (link down, no RST) would leave the TCP connect hanging: give each attempt a deadline.
-        attempt = self.conn
-        self.server.schedule(ATTEMPT_DEADLINE, lambda: self._attempt_timeout(attempt))
+        conn = self.conn
+        self.server.schedule(ATTEMPT_DEADLINE, lambda: self._attempt_timeout(conn))
 
-    def _attempt_timeout(self, attempt: Any) -> None:
-        if self.conn is None or self.connected or attempt != self.conn:
+    def _attempt_timeout(self, attempt: Conn) -> None:
+        if self.conn is not attempt or self.connected:
             return
-        t = attempt.transport
-        if t is not None:
-            t.close_tail()
-            t.close_head()
-        self.conn = None
-        self._schedule_reconnect()
+        attempt.abort(f"no answer within {ATTEMPT_DEADLINE}s")
 
     def _schedule_reconnect(self) -> None:
         if self.stopped or self._reconnect_task is not None:
@@ -168,9 +163,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         was = self.connected
         self.connected = False
         self._teardown()
-        if self.conn is not None and self.conn.state & 2:
-            self.conn.close()
-        self.conn = None
+        self._close()
         if was:
             self._lost_address = self._attempt_address
             self._avoid_until = time.monotonic() + AVOID_LOST_PRIMARY
@@ -184,8 +177,10 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self._schedule_reconnect()
 
     def _teardown(self) -> None:
+        engine = self.server.engine
         for r in self.replicators.values():
             r.closed = True
+            engine.remove_fast(r.link)
         self.replicators.clear()
         self.pending.clear()
         self.pending_acks.clear()
@@ -193,8 +188,15 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         self.events_buffer = None
         self.snapshot.clear()
         self.wiring_ready = False
+        self.session = None
 
-    def on_connection_opened(self, event: Any) -> None:
+    def _current(self, event: Any) -> bool:
+        return self.conn is not None and event.connection is not None and event.connection._impl == self.conn.c
+
+    # ----- events of the connection (called by the event loop) -------------------------------------------------
+    def on_connection_remote_open(self, event: Any) -> None:
+        if not self._current(event):
+            return
         c = event.connection
         props: Any = c.remote_properties or {}
         name = props.get(P.PROP_BROKER)
@@ -221,26 +223,35 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         if isinstance(level, str):
             self.node.default_level = level
         log.info("ha.primary.connected", primary=self.primary_name, address=self.primary_address, epoch=theirs)
-        cont = self.server.container
-        assert cont is not None
+        self.session = c.session()
+        self.session.open()
         self.events_buffer = []
-        self.events_link = cont.create_receiver(c, "$events", name="ha-events")
-        self.events_link.flow(10_000)
-        self.mgmt_sender = cont.create_sender(c, "$management", name="ha-mgmt")
+        self.events_link = self.receiver("$events", "ha-events", credit=10_000)
+        self.mgmt_sender = self.sender("$management", "ha-mgmt")
         if props.get(P.PROP_ACKS) == P.ACKS_BATCHED and self.config.ha_batched_acks:
-            self.ack_link = cont.create_sender(c, P.ACKS_ADDRESS, name="ha-acks")
-        self.reply_link = cont.create_receiver(c, None, dynamic=True, name="ha-replies")
-        self.reply_link.flow(100)
+            self.ack_link = self.sender(P.ACKS_ADDRESS, "ha-acks")
+        self.reply_link = self.receiver(None, "ha-replies", credit=CONTROL_CREDIT, dynamic=True)
 
-    def on_link_opened(self, event: Any) -> None:
-        if event.link == self.reply_link:
-            self.reply_to = event.link.remote_source.address
-            self._query_wiring()
+    def receiver(self, address: str | None, name: str, credit: int, dynamic: bool = False,
+                 properties: dict[str, Any] | None = None) -> Any:
+        link = self.session.receiver(name)
+        if dynamic:
+            link.source.dynamic = True
+        else:
+            link.source.address = address
+        if properties:
+            link.properties = properties
+        link.open()
+        link.flow(credit)
+        return link
 
-    def _current(self, event: Any) -> bool:
-        return self.conn is not None and event.connection == self.conn
+    def sender(self, address: str, name: str) -> Any:
+        link = self.session.sender(name)
+        link.target.address = address
+        link.open()
+        return link
 
-    def on_connection_error(self, event: Any) -> None:
+    def on_connection_remote_close(self, event: Any) -> None:
         if self._current(event):
             cond = event.connection.remote_condition
             self._lost(f"{cond.name}: {cond.description}" if cond else "closed")
@@ -250,40 +261,60 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             cond = event.transport.condition
             self._lost(f"{cond.name}: {cond.description}" if cond else "transport error")
 
-    def on_disconnected(self, event: Any) -> None:
+    def on_transport_closed(self, event: Any) -> None:
         if self._current(event):
             self._lost("disconnected")
 
-    def on_link_error(self, event: Any) -> None:
+    def on_link_remote_open(self, event: Any) -> None:
+        if event.link == self.reply_link and self._current(event):
+            self.reply_to = event.link.remote_source.address
+            self._query_wiring()
+
+    def on_link_remote_close(self, event: Any) -> None:
         link = event.link
         cond = link.remote_condition
         log.warning("ha.link.error", link=link.name, condition=cond.name if cond else None,
                     description=cond.description if cond else None)
-        if link.state & 2:
+        if link.state & Endpoint.LOCAL_ACTIVE:
             link.close()
         if link == self.ack_link and self._current(event):
             # The primary offered batched acknowledgements but refused the link: without it nothing we apply would
             # ever be acknowledged. Start again rather than stall its clients.
             self._lost("acknowledgement link refused")
 
-    # ----- messages on the control links ------------------------------------------------------------------------
-    def on_message(self, event: Any) -> None:
+    on_link_remote_detach = on_link_remote_close
+
+    def on_delivery(self, event: Any) -> None:
+        """Messages on the control links (events, membership, management replies)."""
+        d = event.delivery
         link = event.link
-        msg = event.message
+        if not link.is_receiver:
+            if d.remote_state or d.settled:
+                d.settle()
+            return
+        if d.partial:
+            return
+        data = link.recv(d.pending) or b""
+        link.advance()
+        d.settle()
+        link.flow(1)
+        msg = Message()
+        try:
+            msg.decode(data)
+        except Exception as e:
+            log.error("ha.replication.error", description=f"undecodable control message on {link.name}: {e}")
+            return
         if link == self.events_link:
             if self.events_buffer is not None:
                 self.events_buffer.append(msg)
             else:
                 self._apply_event(msg)
-            link.flow(1)
         elif link == self.status_link:
             self._membership(msg)
-            link.flow(1)
         elif link == self.reply_link:
             cb = self.pending.pop(str(msg.correlation_id), None)
             if cb is not None:
                 cb(msg)
-            link.flow(1)
 
     def request(self, operation: str, type_: str, cb: Callable[[Message], None], name: str | None = None,
                 body: Any = None) -> None:
@@ -292,19 +323,17 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         if name is not None:
             props["name"] = name
         self.pending[corr] = cb
-        self.mgmt_sender.send(Message(properties=props, body=body, reply_to=self.reply_to, correlation_id=corr))
+        data = Message(properties=props, body=body, reply_to=self.reply_to, correlation_id=corr).encode()
+        raw.send_settled(self.mgmt_sender._impl, next(_tags), data)  # the reply is the answer
 
-    def _flush_acks(self) -> None:
+    def end_of_pass(self) -> None:
         """Once per pass: one message acknowledging every position applied since the last one."""
         link = self.ack_link
         if not self.pending_acks or link is None or link.credit <= 0 or not self.connected:
             return
-        body = {name: as_position_set(positions).to_wire() for name, positions in self.pending_acks.items()}
+        body = {name: positions.to_wire() for name, positions in self.pending_acks.items()}
         self.pending_acks = {}
-        d = link.delivery(link.delivery_tag())
-        link.send(Message(body=body).encode())
-        link.advance()
-        d.settle()
+        raw.send_settled(link._impl, next(_tags), Message(body=body).encode())
 
     def _query_wiring(self) -> None:
         for t in ("queue", "exchange", "binding"):
@@ -381,10 +410,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             self.node.set_state(HaState.CATCHUP, f"wiring mirrored from {self.primary_name}")
         # Attached last: it tells the primary that the wiring is mirrored and every browser requested, so from
         # now on readiness only depends on catch-up. The primary answers with the membership list.
-        cont = self.server.container
-        assert cont is not None
-        self.status_link = cont.create_receiver(self.conn, P.STATUS_ADDRESS, name="ha-status")
-        self.status_link.flow(100)
+        self.status_link = self.receiver(P.STATUS_ADDRESS, "ha-status", credit=CONTROL_CREDIT)
 
     def _binding_replicated(self, b: dict[str, Any]) -> bool:
         default = self.node.default_level
@@ -480,7 +506,7 @@ class Backup(MessagingHandler):  # type: ignore[misc]
 
     # ----- queues -----------------------------------------------------------------------------------------------
     def _maybe_replicate(self, q: Queue) -> None:
-        if not self.connected or q.name in self.replicators:
+        if not self.connected or q.name in self.replicators or q.deleted:
             return
         if P.queue_level(q, self.node.default_level) != "all":
             return
@@ -490,6 +516,12 @@ class Backup(MessagingHandler):  # type: ignore[misc]
         r = self.replicators.pop(name, None)
         if r is not None:
             r.close()
+
+    def acked(self, queue: str, positions: list[int]) -> None:
+        ps = self.pending_acks.get(queue)
+        if ps is None:
+            ps = self.pending_acks[queue] = PositionSet()
+        ps.add_sequence(positions)
 
     # ----- membership -------------------------------------------------------------------------------------------
     def _membership(self, msg: Message) -> None:
@@ -507,69 +539,136 @@ class Backup(MessagingHandler):  # type: ignore[misc]
             self.node.set_state(HaState.READY, f"caught up with {self.primary_name}")
 
 
-class QueueReplicator(Handler):  # type: ignore[misc]
-    """The backup end of a replicating browser for one queue: apply, then settle (= acknowledge)."""
+class QueueReplicator:
+    """The backup end of a replicating browser for one queue: apply what the primary sends, then acknowledge.
+
+    Its transfers arrive on the event loop's hot path (`on_delivery` with a raw delivery); its attach and detach on
+    the rare-event path (`on_link_remote_open`/`close`).
+    """
 
     def __init__(self, backup: Backup, queue: Queue) -> None:
-        super().__init__()
         self.backup = backup
         self.queue = queue
         self.closed = False
+        self.batch = False  # the primary answered the attach with the batch format
         self.window = backup.config.ha_flow_messages
+        self.max_message = backup.config.max_message_size
         self.unflowed = 0
         held = as_position_set(queue.positions())
         props: dict[str, Any] = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid}
         if backup.ack_link is not None:
             props["acks"] = P.ACKS_BATCHED
-        cont = backup.server.container
-        assert cont is not None
-        self.link = cont.create_receiver(backup.conn, P.QUEUE_PREFIX + queue.name, name=f"ha-q-{queue.name}",
-                                         handler=self, options=_LinkProperties(props))
-        self.link.flow(self.window)
+            if backup.config.ha_batch_bytes > 0:
+                props[P.LINK_BATCH] = P.BATCH_VERSION
+        self.link = backup.receiver(P.QUEUE_PREFIX + queue.name, f"ha-q-{queue.name}", credit=self.window,
+                                    properties=props)
+        self.l = self.link._impl
+        engine = backup.server.engine
+        engine.add_fast(self.link, self)
+        engine.set_link_handler(self.link, self)
 
     def close(self) -> None:
         self.closed = True
-        if self.link.state & 2:
+        self.backup.server.engine.remove_fast(self.link)
+        if self.link.state & Endpoint.LOCAL_ACTIVE:
             self.link.close()
 
-    def on_delivery(self, event: Any) -> None:
-        d = event.delivery
-        if d.partial or self.closed:
+    def on_flow(self) -> None:
+        pass
+
+    def on_link_remote_open(self, event: Any) -> None:
+        props = event.link.remote_properties or {}
+        self.batch = props.get(P.LINK_BATCH) == P.BATCH_VERSION
+
+    def on_delivery(self, d: Any) -> None:
+        if raw.delivery_partial(d):
             return
-        link = self.link
-        data = link.recv(d.pending) or b""
-        link.advance()
-        tag = d.tag
+        link = self.l
+        data = raw.recv(link, raw.delivery_pending(d))
+        if self.closed:
+            raw.delivery_settle(d)
+            return
+        try:
+            if self.batch:
+                self._apply_batch(data)
+            else:
+                self._apply_message(d, data)
+        except BatchError as e:
+            # Nothing of this batch was applied. Closing the link makes the primary forget this browser; we
+            # attach again with what we hold, and it sends what is missing (nothing lost, nothing twice).
+            log.error("ha.replication.error", queue=self.queue.name, description=str(e))
+            raw.delivery_settle(d)
+            self._fail("amqp:decode-error", str(e))
+            return
+        # Pre-settled (acknowledged on $ha.acks) or not: settle. For a primary without $ha.acks the settlement is the
+        # acknowledgement; an outcome would only cost a disposition update.
+        raw.delivery_settle(d)
+        self.unflowed += 1
+        if self.unflowed >= max(1, self.window // 2):
+            raw.link_flow(link, self.unflowed)
+            self.unflowed = 0
+
+    def _apply_batch(self, data: bytes) -> None:
+        records = B.parse(data, self.max_message)
+        q = self.queue
+        if q.deleted:
+            return
+        entries = q.entries
+        applied: list[int] = []
+        for r in records:
+            if len(r) == 2:
+                q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc]
+            else:
+                pos, level, flags, count, expires, body = r  # type: ignore[misc]
+                if pos not in entries:
+                    q.enqueue_replica(pos, body, level, flags, count, expires)
+                applied.append(pos)
+        if applied:
+            self.backup.acked(q.name, applied)
+
+    def _apply_message(self, d: Any, data: bytes) -> None:
+        """The per-message format: the tag says what the transfer is (ha.protocol)."""
+        tag = pn_delivery_tag(d)
         if isinstance(tag, bytes):
-            tag = tag.decode()
+            tag = tag.decode("ascii", "replace")
         kind, rest = tag[:1], tag[1:]
         q = self.queue
         if kind in (P.TAG_LIVE, P.TAG_CATCHUP):
+            if not rest.isdigit() or int(rest) < 1:
+                raise BatchError(f"bad replication tag {tag!r}")
             pos = int(rest)
             if pos not in q.entries and not q.deleted:
                 try:
-                    q.enqueue(decode_payload(data, trusted=True), position=pos, replicated=True)
+                    meta = decode(data, trusted=True)
                 except MalformedMessage as e:
                     log.error("ha.replication.error", queue=q.name, position=pos, description=str(e))
+                    return
+                q.enqueue(data, meta.priority, meta.expires, meta.durable, position=pos, replicated=True)
+            if raw.delivery_settled(d):  # pre-settled by the primary: acknowledged in the next batch on $ha.acks
+                self.backup.acked(q.name, [pos])
         elif kind == P.TAG_DEQUEUE:
             m = Message()
-            m.decode(data)
             try:
+                m.decode(data)
                 gone = PositionSet.from_wire(m.body or [])
-            except ValueError as e:
+            except (ValueError, Exception) as e:
                 log.error("ha.replication.error", queue=q.name, description=f"bad dequeue ranges: {e}")
-                gone = PositionSet()
+                return
             for lo, hi in gone.ranges():
-                q.dequeue_positions(range(lo, hi + 1), DequeueReason.REPLICATED)
-        if d.settled:  # pre-settled by the primary: acknowledged in the next batch on $ha.acks
-            if kind != P.TAG_DEQUEUE:
-                self.backup.pending_acks.setdefault(q.name, []).append(int(rest))
-        else:
-            d.settle()  # the settlement is the acknowledgement; an outcome would only cost a disposition update
-        self.unflowed += 1
-        if self.unflowed >= max(1, self.window // 2):
-            link.flow(self.unflowed)
-            self.unflowed = 0
+                q.dequeue_range(lo, hi, DequeueReason.REPLICATED)
+
+    def _fail(self, condition: str, description: str) -> None:
+        self.close_with(condition, description)
+        if self.backup.replicators.get(self.queue.name) is self:
+            del self.backup.replicators[self.queue.name]
+            self.backup.server.schedule(0.5, lambda: self.backup._maybe_replicate(self.queue))
+
+    def close_with(self, condition: str, description: str) -> None:
+        self.closed = True
+        self.backup.server.engine.remove_fast(self.link)
+        if self.link.state & Endpoint.LOCAL_ACTIVE:
+            self.link.condition = Condition(condition, description)
+            self.link.close()
 
     def on_link_remote_close(self, event: Any) -> None:
         cond = event.link.remote_condition
@@ -577,10 +676,13 @@ class QueueReplicator(Handler):  # type: ignore[misc]
             log.warning("ha.replication.closed", queue=self.queue.name, condition=cond.name if cond else None,
                         description=cond.description if cond else None)
         self.closed = True
-        if event.link.state & 2:
+        self.backup.server.engine.remove_fast(self.link)
+        if event.link.state & Endpoint.LOCAL_ACTIVE:
             event.link.close()
         if self.backup.replicators.get(self.queue.name) is self:
             del self.backup.replicators[self.queue.name]
             # A recreated queue (uuid changed) is picked up again by the wiring events; retry others shortly.
             if cond is not None and cond.name != "amqp:not-found" and cond.name != "amqp:precondition-failed":
                 self.backup.server.schedule(0.5, lambda: self.backup._maybe_replicate(self.queue))
+
+    on_link_remote_detach = on_link_remote_close

@@ -41,7 +41,6 @@ class CoordinatedRole:
     # ----- lifecycle --------------------------------------------------------------------------------------------
     def start(self) -> None:
         s = self.node.server
-        s.settle_fences.append(self.may_settle)
         self.coord.start(Callbacks(
             on_elected=self.on_elected,
             on_suspended=lambda: log.warning("ha.coordinator.suspended", epoch=self.node.epoch),

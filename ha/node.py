@@ -1,7 +1,8 @@
 """One broker's HA controller: its state, epoch and membership; it switches the broker between backup and primary.
 
-Installed into a `broker.server.Server` as a plugin (`ha-broker --ha-cluster ...`). The broker knows nothing of it:
-everything goes through the server's hooks (holders, connection policy, address handlers, management extensions).
+Installed into a `broker.server.Server` as its extension (`ha-broker --ha-cluster ...`). The broker knows nothing of
+it: everything goes through `broker.extension.Extension` (admission, link attach, completion holds, the settle fence,
+end-of-pass work) and the management operations it registers; the node hands each call to its current role.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ from typing import Any
 from proton import Message
 
 from broker.config import BrokerConfig, Coordinator
+from broker.errors import Refusal
+from broker.extension import Extension
+from broker.links import Completion, LinkHandler
 from broker.log import get_logger
 from broker.management import Request, Response
+from broker.message import properties_of
 from broker.options import REPLICATE_KEY, REPLICATE_VALUES
-from broker.server import ConnectionState, Refusal, Server
+from broker.queue import Entry, Queue
+from broker.server import ConnectionState, Server
 from ha import protocol as P
 from ha.backup import Backup
 from ha.coordinated import CoordinatedRole
@@ -30,7 +36,7 @@ log = get_logger("ha")
 BROWSE_PAGE = 5000  # entries per BROWSE reply (a reply is one AMQP message: keep it well below proton's limits)
 
 
-class HaNode:
+class HaNode(Extension):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.config: BrokerConfig = server.config
@@ -48,17 +54,45 @@ class HaNode:
     # ----- plugin -----------------------------------------------------------------------------------------------
     def install(self) -> None:
         s = self.server
-        s.connection_policy = self.policy
-        s.role_epoch = lambda: (self.state.role.value, self.epoch)
-        s.attribute_providers.append(self.attributes)
-        s.on_started.append(self.start)
-        s.connection_properties.append(self.connection_properties)
+        s.add_extension(self)
         m = s.management
         m.register(P.MGMT_TYPE, "STATUS", self.op_status, write=False)
         m.register(P.MGMT_TYPE, "PROMOTE", self.op_promote, write=True)
         m.register(P.MGMT_TYPE, "DEMOTE", self.op_demote, write=True)
         m.register(P.MGMT_TYPE, "REPLICATE", self.op_replicate, write=True)
         m.register(P.MGMT_TYPE, "BROWSE", self.op_browse, write=False)
+
+    # ----- the broker's extension points (each handed to the current role) ------------------------------------
+    def started(self, server: Server) -> None:
+        self.start()
+
+    def role_epoch(self) -> tuple[str, int]:
+        return (self.state.role.value, self.epoch)
+
+    def admit(self, conn: ConnectionState) -> None:
+        self.policy(conn)
+
+    def connection_closed(self, conn: ConnectionState) -> None:
+        if self.primary is not None:
+            self.primary.connection_closed(conn)
+
+    def attach(self, server: Server, link: Any, conn: ConnectionState, address: str) -> LinkHandler | None:
+        if self.primary is not None:
+            return self.primary.attach(link, conn, address)
+        return None
+
+    def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
+        return self.primary is not None and self.primary.hold(completion, routed)
+
+    def may_settle(self) -> bool:
+        return self.coordinated is None or self.coordinated.may_settle()
+
+    def end_of_pass(self) -> bool:
+        if self.primary is not None:
+            return self.primary.end_of_pass()
+        if self.backup is not None:
+            self.backup.end_of_pass()
+        return False
 
     def start(self) -> None:
         self.address = f"{self.config.host}:{self.server.port}"
@@ -131,6 +165,9 @@ class HaNode:
                     expected_backups=expected)
         for q in self.server.wiring.queues.values():
             q.locked = False
+            if q.options.lvq_key is not None:  # a replica never applied replacements: index its keys now
+                key = q.options.lvq_key
+                q.rebuild_last_values(lambda e, k=key: (properties_of(e.data) or {}).get(k))
             if q in self.server.consumers:
                 self.server.wake_queue(q)
         self.primary = Primary(self, expected, previous)
@@ -258,7 +295,7 @@ class HaNode:
         positions, bodies = [], []
         for pos in itertools.islice(q.positions_after(after), limit):
             m = Message()
-            m.decode(q.entries[pos].msg.data)
+            m.decode(q.entries[pos].data)
             positions.append(pos)
             bodies.append(m.body)
         more = bool(positions) and q.next_after(positions[-1]) is not None

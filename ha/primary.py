@@ -3,6 +3,11 @@
 Delayed completion: a client's delivery to a replicated queue is settled only when every guarding backup has
 acknowledged the message (or it was dequeued on the primary first). A backup guards from the moment it connects, so
 when its catch-up is done it holds every message a client saw settled: that is when it becomes ready.
+
+Per pass, not per message: a queue's watch collects what the pass enqueued and dequeued; at the end of the pass
+(`end_of_pass`) it hands that to each backup's replicating browser, which sends it as one batch transfer
+(ha.core.batch) together with catch-up messages; acknowledgements come back as ranges on `$ha.acks` once per pass
+of the backup. A backup that does not speak the batch format gets one transfer per message, as before.
 """
 
 from __future__ import annotations
@@ -14,14 +19,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cproton import pn_delivery_tag
 from proton import Message
 
-from broker.links import Completion, LinkError, LinkHandler
+from broker.engine import raw
+from broker.errors import LinkError, Refusal
+from broker.links import Completion, LinkHandler
 from broker.log import fast, get_logger
-from broker.queue import DequeueReason, Entry, Queue
-from broker.server import ConnectionState, Refusal, Server
+from broker.queue import DEAD, DequeueReason, Entry, Queue
+from broker.server import ConnectionState, Server
 from broker.wiring import WiringEvent
 from ha import protocol as P
+from ha.core.batch import BatchWriter
 from ha.core.catchup import BackupCatchup, plan_catchup
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.guards import GuardBook
@@ -34,7 +43,9 @@ if TYPE_CHECKING:
     from ha.node import HaNode
 
 log = get_logger("ha.primary")
-_status_tags = itertools.count(1)
+_tags = itertools.count(1)
+
+CATCHUP_BATCHES = 4  # catch-up may keep this many full batches' worth of messages unacknowledged
 
 
 @dataclass(eq=False)
@@ -66,19 +77,16 @@ class Primary:
         # First position of this epoch per queue: a backup from the previous epoch may hold stale positions above.
         self.epoch_start: dict[str, int] = {}
         self.watches: dict[str, QueueWatch] = {}
+        self.changed: list[QueueWatch] = []  # watches with news this pass
+        self.to_run: set[ReplicatingSender] = set()  # senders with work this pass
         self.timed_out: list[str] = []
         self._timer: Any = None
 
     # ----- install / uninstall ----------------------------------------------------------------------------------
     def install(self) -> None:
         s = self.server
-        s.holders.append(self)
-        s.address_handlers[P.QUEUE_PREFIX] = self._attach_queue
-        s.address_handlers[P.STATUS_ADDRESS] = self._attach_status
-        s.address_handlers[P.ACKS_ADDRESS] = self._attach_acks
         s.wiring.queue_observer_factories.append(self._watch)
         s.wiring.observers.append(self)
-        s.on_connection_closed.append(self._connection_closed)
         for q in s.wiring.queues.values():
             self.epoch_start[q.name] = q.next_position
             q.observers.append(self._watch(q))
@@ -96,22 +104,17 @@ class Primary:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self in s.holders:
-            s.holders.remove(self)
-        s.address_handlers.pop(P.QUEUE_PREFIX, None)
-        s.address_handlers.pop(P.STATUS_ADDRESS, None)
-        s.address_handlers.pop(P.ACKS_ADDRESS, None)
         if self._watch in s.wiring.queue_observer_factories:
             s.wiring.queue_observer_factories.remove(self._watch)
         if self in s.wiring.observers:
             s.wiring.observers.remove(self)
-        if self._connection_closed in s.on_connection_closed:
-            s.on_connection_closed.remove(self._connection_closed)
         for name, w in list(self.watches.items()):
             q = s.wiring.queues.get(name)
             if q is not None and w in q.observers:
                 q.observers.remove(w)
         self.watches.clear()
+        self.changed.clear()
+        self.to_run.clear()
         for b in list(self.backups.values()):
             if b.conn.connection.state & 2:  # LOCAL_ACTIVE
                 b.conn.connection.close()
@@ -119,7 +122,7 @@ class Primary:
 
     # ----- backups connecting -----------------------------------------------------------------------------------
     def backup_connecting(self, st: ConnectionState) -> None:
-        """Connection policy for `kind=ha` connections: called before the connection opens."""
+        """Admission of `kind=ha` connections: called before the connection opens."""
         props = st.properties
         name = props.get(P.PROP_BROKER)
         if not isinstance(name, str) or not name:
@@ -144,7 +147,7 @@ class Primary:
         self.update_membership()
         self.server.wake_call(lambda: self.check_ready(b))
 
-    def _connection_closed(self, st: ConnectionState) -> None:
+    def connection_closed(self, st: ConnectionState) -> None:
         for b in list(self.backups.values()):
             if b.conn is st:
                 reason = "heartbeat" if _idle_timeout(st) else "disconnected"
@@ -154,6 +157,9 @@ class Primary:
         if self.backups.get(b.name) is not b:
             return
         del self.backups[b.name]
+        for s in b.senders.values():
+            s.closed = True
+            self.to_run.discard(s)
         released = self.guards.drop_backup(b.name)
         log.warning("ha.backup.lost", backup=b.name, address=b.address, reason=reason, released=len(released))
         coordinated = self.node.coordinated
@@ -170,18 +176,27 @@ class Primary:
         return [q.name for q in self.server.wiring.queues.values() if P.queue_level(q, default) == "all"]
 
     # ----- links ------------------------------------------------------------------------------------------------
+    def attach(self, link: Any, st: ConnectionState, address: str) -> LinkHandler | None:
+        if address.startswith(P.QUEUE_PREFIX):
+            return self._attach_queue(link, st, address)
+        if address == P.STATUS_ADDRESS:
+            return self._attach_status(link, st)
+        if address == P.ACKS_ADDRESS:
+            return self._attach_acks(link, st)
+        return None
+
     def _backup_of(self, st: ConnectionState) -> RemoteBackup:
         for b in self.backups.values():
             if b.conn is st:
                 return b
         raise LinkError("amqp:unauthorized-access", "replication links need an HA connection from a backup")
 
-    def _attach_queue(self, server: Server, link: Any, st: ConnectionState, address: str) -> LinkHandler:
+    def _attach_queue(self, link: Any, st: ConnectionState, address: str) -> LinkHandler:
         b = self._backup_of(st)
         if link.is_receiver:
             raise LinkError("amqp:invalid-field", "replicating browsers receive from the primary")
         name = address[len(P.QUEUE_PREFIX):]
-        q = server.wiring.queues.get(name)
+        q = self.server.wiring.queues.get(name)
         if q is None:
             raise LinkError("amqp:not-found", f"no queue named {name!r}")
         props = link.remote_properties or {}
@@ -196,30 +211,36 @@ class Primary:
         if b.epoch < self.node.epoch:
             reused_from = self.epoch_start.get(name, 1) if b.epoch >= self.previous_epoch else 1
         plan = plan_catchup(as_position_set(q.positions()), held, reused_from=reused_from)
+        batch = props.get(P.LINK_BATCH) == P.BATCH_VERSION and self.config.ha_batch_bytes > 0
         link.source.address = address
-        sender = ReplicatingSender(self, link, st, q, b, plan)
+        if batch:
+            link.properties = {P.LINK_BATCH: P.BATCH_VERSION}
+        sender = ReplicatingSender(self, link, st, q, b, plan, batch)
         old = b.senders.get(name)
         if old is not None:
             old.closed = True
+            self.to_run.discard(old)
         b.senders[name] = sender
         w = self.watches.get(name)
         if w is not None:
             w.senders[b.name] = sender
-        log.info("ha.catchup.start", backup=b.name, queue=name, messages=len(plan.to_send))
+        log.info("ha.catchup.start", backup=b.name, queue=name, messages=len(plan.to_send),
+                 format="batch" if batch else "message")
+        self.to_run.add(sender)
         return sender
 
-    def _attach_status(self, server: Server, link: Any, st: ConnectionState, address: str) -> LinkHandler:
+    def _attach_status(self, link: Any, st: ConnectionState) -> LinkHandler:
         if link.is_receiver:
             raise LinkError("amqp:invalid-field", "the status link is read from the primary")
+        b = self._backup_of(st)
         h = StatusLink(self, link, st)
         self.status_links.add(h)
-        b = self._backup_of(st)
         b.wiring_done = True
         self.server.wake_call(lambda: self.check_ready(b))
         h.send(self.membership_message())
         return h
 
-    def _attach_acks(self, server: Server, link: Any, st: ConnectionState, address: str) -> LinkHandler:
+    def _attach_acks(self, link: Any, st: ConnectionState) -> LinkHandler:
         if not link.is_receiver:
             raise LinkError("amqp:invalid-field", "backups send their acknowledgements to the primary")
         b = self._backup_of(st)
@@ -236,12 +257,16 @@ class Primary:
         if ev.type != "queue":
             return
         if ev.kind == "deleted":
-            self.watches.pop(ev.name, None)
+            w = self.watches.pop(ev.name, None)
+            if w is not None:
+                w.senders.clear()
             for c in self.guards.forget_queue(ev.name):
                 c.release()
             for b in self.backups.values():
                 b.catchup.forget(ev.name)
-                b.senders.pop(ev.name, None)
+                s = b.senders.pop(ev.name, None)
+                if s is not None:
+                    self.to_run.discard(s)
             self._check_all_ready()
         elif ev.kind == "declared":
             q = self.server.wiring.queues.get(ev.name)
@@ -269,10 +294,13 @@ class Primary:
             self.recovery_held.append(completion)
         if self.backups:
             default = self.node.default_level
-            now = time.time()
-            places = [(q.name, e.position) for q, e in routed if P.queue_level(q, default) == "all"]
+            if len(routed) == 1:
+                q, e = routed[0]
+                places = [(q.name, e.position)] if P.queue_level(q, default) == "all" else []
+            else:
+                places = [(q.name, e.position) for q, e in routed if P.queue_level(q, default) == "all"]
             if places:
-                held = self.guards.hold(completion, places, now, nbytes=routed[0][1].msg.size)
+                held = self.guards.hold(completion, places, time.time(), nbytes=len(routed[0][1].data))
         return held
 
     def acked(self, b: RemoteBackup, queue: str, positions: PositionSet) -> None:
@@ -281,20 +309,32 @@ class Primary:
             c.release()
         if result.acked:
             now = time.time()
-            backlog: int | None = None
-            sample = self.sampler.sample
-            for pos, enq in result.acked:
-                rate = sample(now)
-                if rate is not None:
-                    if backlog is None:
-                        backlog = self.guards.backlog(b.name)
+            rate, picked = self.sampler.sample_batch(now, len(result.acked))
+            if picked:
+                backlog = self.guards.backlog(b.name)
+                for i in picked:
+                    pos, enq = result.acked[i]
                     fast.info("ha.lag", {"queue": queue, "backup": b.name, "position": pos, "enqueue_ts": enq,
                                          "ack_ts": now, "lag_ms": round((now - enq) * 1000.0, 3),
                                          "backlog": backlog, "sample_rate": rate})
 
-    def dequeued(self, queue: str, position: int) -> None:
-        for c in self.guards.dequeued(queue, position):
-            c.release()
+    # ----- once per pass ----------------------------------------------------------------------------------------
+    def end_of_pass(self) -> bool:
+        """Hand each queue's news of this pass to its browsers, release guards of dequeued messages, and let every
+        browser with work send one batch. True when anything happened (the server settles what was released)."""
+        did = False
+        if self.changed:
+            changed, self.changed = self.changed, []
+            for w in changed:
+                w.flush()
+            did = True
+        if self.to_run:
+            senders, self.to_run = self.to_run, set()
+            for s in senders:
+                if not s.closed:
+                    s.run()
+            did = True
+        return did
 
     # ----- readiness, recovery ----------------------------------------------------------------------------------
     def check_ready(self, b: RemoteBackup) -> None:
@@ -376,16 +416,26 @@ class Primary:
 
 
 class QueueWatch:
-    """One per queue on the primary: feeds queue events to the guards and to each backup's browser."""
+    """One per queue on the primary: collects what a pass enqueued and dequeued, and hands it over at the end of
+    the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
+    browser. Per message it only appends to a list or a range set."""
+
+    __slots__ = ("fresh", "gone", "primary", "queue", "scheduled", "senders")
 
     def __init__(self, primary: Primary, queue: str) -> None:
         self.primary = primary
         self.queue = queue
         self.senders: dict[str, ReplicatingSender] = {}
+        self.fresh: list[Entry] = []
+        self.gone = PositionSet()
+        self.scheduled = False
 
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        for s in self.senders.values():
-            s.on_enqueue(entry.position)
+        if self.senders:
+            self.fresh.append(entry)
+            if not self.scheduled:
+                self.scheduled = True
+                self.primary.changed.append(self)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
         pass
@@ -394,114 +444,238 @@ class QueueWatch:
         pass
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
-        self.primary.dequeued(queue.name, entry.position)
+        self.gone.add(entry.position)
+        if not self.scheduled:
+            self.scheduled = True
+            self.primary.changed.append(self)
+
+    def flush(self) -> None:
+        self.scheduled = False
+        p = self.primary
+        fresh, self.fresh = self.fresh, []
+        gone = self.gone
+        if gone:
+            self.gone = PositionSet()
+            for c in p.guards.dequeued(self.queue, gone):
+                c.release()
         for s in self.senders.values():
-            s.on_dequeue(entry.position)
+            if s.closed:
+                continue
+            if fresh:
+                s.take_live(fresh)
+            if gone:
+                s.take_dequeued(gone)
+            p.to_run.add(s)
 
 
 class ReplicatingSender(LinkHandler):
-    """The primary end of a replicating browser: catch-up (newest first), live enqueues, batched dequeues."""
+    """The primary end of a replicating browser: catch-up (newest first), live enqueues, dequeue ranges; one batch
+    transfer per pass (or one transfer per message for a backup without the batch format)."""
 
     def __init__(self, primary: Primary, link: Any, conn: ConnectionState, queue: Queue, backup: RemoteBackup,
-                 plan: Any) -> None:
+                 plan: Any, batch: bool) -> None:
         super().__init__(primary.server, link, conn)
         self.primary = primary
-        self.sender = link
         self.queue = queue
         self.backup = backup
+        self.batch = batch
         self.qc = backup.catchup.start(queue.name, plan)
         # A backup that acknowledges in batches on $ha.acks gets pre-settled transfers (see ha.protocol).
-        self.presettled = (link.remote_properties or {}).get("acks") == P.ACKS_BATCHED
+        self.presettled = batch or (link.remote_properties or {}).get("acks") == P.ACKS_BATCHED
         self.snapshot_max = plan.snapshot_max
-        self.live: deque[int] = deque()
+        self.live: deque[Entry] = deque()
         self.dequeues = PositionSet()
         self.dequeues.update(plan.dequeues)
         self.acks = PositionSet()  # acknowledged since the last run(): ranges, so the guards work per range
-        self.ctl = 0
+        self.inflight: deque[tuple[int, int]] = deque()  # live (position, bytes) sent and not acknowledged
+        self.inflight_bytes = 0
+        self.catchup_sizes: dict[int, int] = {}  # catch-up position -> bytes, sent and not acknowledged
+        self.catchup_total = 0
+        self.limit = primary.config.ha_batch_bytes or 0
+        self.flow_bytes = primary.config.ha_flow_bytes
+        # Catch-up messages in flight: half the window per message transfer, four windows' worth in batches.
+        window = primary.config.ha_flow_messages
+        self.catchup_window = max(1, 4 * window if batch else window // 2)
         self.started = time.time()
         self.catchup_logged = False
-        primary.server.wake(self)
 
-    def on_enqueue(self, position: int) -> None:
-        self.live.append(position)
-        self.server.wake(self)
+    # ----- fed by the queue's watch and the backup ----------------------------------------------------------------
+    def take_live(self, fresh: list[Entry]) -> None:
+        if fresh[0].position <= self.snapshot_max:  # attached during this pass: the snapshot has the older ones
+            fresh = [e for e in fresh if e.position > self.snapshot_max]
+        self.live.extend(fresh)
 
-    def on_dequeue(self, position: int) -> None:
-        if position <= self.snapshot_max:
-            self.qc.dequeued([position])
-        self.dequeues.add(position)
-        self.server.wake(self)
+    def take_dequeued(self, gone: PositionSet) -> None:
+        if not self.qc.done and gone.min() <= self.snapshot_max:
+            self.qc.dequeued(gone)
+            self._catchup_done(gone)
+        self.dequeues = self.dequeues.union(gone)
+
+    def acknowledged(self, positions: PositionSet) -> None:
+        self.acks = self.acks.union(positions) if self.acks else positions
+        self.primary.to_run.add(self)
 
     def on_flow(self) -> None:
-        self.server.wake(self)
+        self.primary.to_run.add(self)
 
-    def on_delivery(self, delivery: Any) -> None:
-        if delivery.settled:
-            tag = delivery.tag
+    def on_delivery(self, d: Any) -> None:
+        """A backup that settles each transfer (no $ha.acks): the settlement is the acknowledgement."""
+        if raw.delivery_settled(d):
+            tag = pn_delivery_tag(d)
             if isinstance(tag, bytes):
-                tag = tag.decode()
-            if tag[:1] in (P.TAG_LIVE, P.TAG_CATCHUP):
-                self.acks.add(int(tag[1:]))
-                self.server.wake(self)
-            delivery.settle()
+                tag = tag.decode("ascii", "replace")
+            if tag[:1] in (P.TAG_LIVE, P.TAG_CATCHUP) and tag[1:].isdigit():
+                self.acknowledged(PositionSet([int(tag[1:])]))
+            raw.delivery_settle(d)
 
+    # ----- once per pass ----------------------------------------------------------------------------------------
     def run(self) -> None:
         if self.acks:
             acks, self.acks = self.acks, PositionSet()
-            if not self.qc.done:
-                self.qc.acked(acks)  # it tells catch-up positions from live ones itself
-            self.primary.acked(self.backup, self.queue.name, acks)
-        s = self.sender
-        q = self.queue
-        if self.dequeues and s.credit > 0:
-            self.ctl += 1
-            d = s.delivery(f"{P.TAG_DEQUEUE}{self.ctl}")
-            s.send(Message(body=self.dequeues.to_wire()).encode())
-            s.advance()
-            d.settle()
-            self.dequeues = PositionSet()
-        live = self.live
-        if live:
-            # Bytes in flight to this backup (guarded, unacknowledged) bound what we send: --ha-flow-bytes.
-            room = self.primary.config.ha_flow_bytes - self.primary.guards.in_flight(self.backup.name).bytes
-            entries = q.entries
-            credit = s.credit
-            while live and credit > 0 and room > 0:
-                pos = live.popleft()
-                e = entries.get(pos)
-                if e is None:
-                    continue
-                data = e.msg.data
-                d = s.delivery(f"e{pos}")
-                s.send(data)
-                s.advance()
-                if self.presettled:
-                    d.settle()
-                credit -= 1
-                room -= len(data)
-        # Catch-up takes at most half of the window, so live messages (which hold clients) never queue behind
-        # a whole window of old ones.
-        window = self.primary.config.ha_flow_messages
-        room = min(s.credit, max(1, window // 2) - self.qc.in_flight)
-        if room > 0 and not self.qc.done:
-            for pos in self.qc.next_batch(room):
-                e = q.entries.get(pos)
-                if e is None:
-                    self.qc.dequeued([pos])
-                    continue
-                d = s.delivery(f"{P.TAG_CATCHUP}{pos}")
-                s.send(e.msg.data)
-                s.advance()
-                if self.presettled:
-                    d.settle()
+            self._acked(acks)
+        credit = raw.link_credit(self.l)
+        if credit > 0:
+            if self.batch:
+                self._send_batches(credit)
+            else:
+                self._send_messages(credit)
         if self.qc.done and not self.catchup_logged:
             self.catchup_logged = True
             prog = self.qc.progress()
-            log.info("ha.catchup.end", backup=self.backup.name, queue=q.name, messages=prog.sent,
+            log.info("ha.catchup.end", backup=self.backup.name, queue=self.queue.name, messages=prog.sent,
                      seconds=round(time.time() - self.started, 3))
             self.primary.check_ready(self.backup)
 
+    def _acked(self, acks: PositionSet) -> None:
+        if not self.qc.done:
+            self.qc.acked(acks)  # it tells catch-up positions from live ones itself
+        if self.catchup_sizes:
+            self._catchup_done(acks)
+        # The backup applies in order: an acknowledgement of p means every live transfer sent before p arrived.
+        top = acks.max()
+        inflight = self.inflight
+        while inflight and inflight[0][0] <= top:
+            self.inflight_bytes -= inflight.popleft()[1]
+        self.primary.acked(self.backup, self.queue.name, acks)
+
+    def _catchup_done(self, positions: PositionSet) -> None:
+        sizes = self.catchup_sizes
+        if len(positions) < len(sizes):
+            for lo, hi in positions.ranges():
+                for pos in range(lo, hi + 1):
+                    n = sizes.pop(pos, None)
+                    if n is not None:
+                        self.catchup_total -= n
+        else:
+            for pos in [p for p in sizes if p in positions]:
+                self.catchup_total -= sizes.pop(pos)
+
+    def _live_room(self) -> int:
+        """Bytes of live messages that may be sent now (--ha-flow-bytes in flight; one message always may)."""
+        return self.flow_bytes - self.inflight_bytes if self.inflight else max(self.flow_bytes, 1)
+
+    def _catchup_room(self) -> int:
+        """Catch-up messages that may be sent now. In flight at most `catchup_window` messages and a quarter of
+        --ha-flow-bytes: enough to keep catch-up streaming, little enough that live messages (which hold clients)
+        do not wait long behind old ones in the backup's input."""
+        if self.qc.done or self.catchup_total >= self.flow_bytes // 4:
+            return 0
+        return self.catchup_window - self.qc.in_flight
+
+    def _send_batches(self, credit: int) -> None:
+        limit = self.limit
+        w = BatchWriter(limit)
+        if self.dequeues:
+            w.dequeue_ranges(self.dequeues.ranges())
+            self.dequeues = PositionSet()
+        live = self.live
+        if live:
+            room = self._live_room()
+            inflight = self.inflight
+            while live and room > 0:
+                e = live.popleft()
+                if e.state == DEAD:
+                    continue  # dequeued meanwhile: its dequeue range goes instead
+                if w.full:
+                    self._send(w.payload())
+                    credit -= 1
+                    w = BatchWriter(limit)
+                    if credit <= 0:
+                        live.appendleft(e)
+                        return
+                data = e.data
+                w.enqueue(e.position, e.level, e.flags, e.count, e.expires, data)
+                n = len(data)
+                inflight.append((e.position, n))
+                self.inflight_bytes += n
+                room -= n
+        n = self._catchup_room()
+        if n > 0:
+            entries = self.queue.entries
+            sizes = self.catchup_sizes
+            budget = self.flow_bytes // 4 - self.catchup_total
+            batch = self.qc.next_batch(n)
+            for i, pos in enumerate(batch):
+                ce = entries.get(pos)
+                if ce is None:
+                    self.qc.dequeued([pos])
+                    continue
+                if w.full:
+                    self._send(w.payload())
+                    credit -= 1
+                    w = BatchWriter(limit)
+                if credit <= 0 or budget <= 0:
+                    self.qc.give_back(batch[i:])  # not sent after all: next pass
+                    break
+                data = ce.data
+                w.enqueue(pos, ce.level, ce.flags, ce.count, ce.expires, data)
+                sizes[pos] = len(data)
+                self.catchup_total += len(data)
+                budget -= len(data)
+        if w:
+            self._send(w.payload())
+
+    def _send(self, payload: bytes) -> None:
+        raw.send_settled(self.l, next(_tags), payload)
+
+    # ----- the per-message format (backups without batches) -----------------------------------------------------
+    def _send_messages(self, credit: int) -> None:
+        link = self.l
+        if self.dequeues:
+            body = Message(body=self.dequeues.to_wire()).encode()
+            d = raw.send_tagged(link, f"{P.TAG_DEQUEUE}{next(_tags)}".encode(), body)
+            raw.delivery_settle(d)
+            credit -= 1
+            self.dequeues = PositionSet()
+        live = self.live
+        if live:
+            room = self._live_room()
+            while live and credit > 0 and room > 0:
+                e = live.popleft()
+                if e.state == DEAD:
+                    continue
+                d = raw.send_tagged(link, f"{P.TAG_LIVE}{e.position}".encode(), e.data)
+                if self.presettled:
+                    raw.delivery_settle(d)
+                n = len(e.data)
+                self.inflight.append((e.position, n))
+                self.inflight_bytes += n
+                credit -= 1
+                room -= n
+        n = min(credit, self._catchup_room())
+        if n > 0:
+            entries = self.queue.entries
+            for pos in self.qc.next_batch(n):
+                ce = entries.get(pos)
+                if ce is None:
+                    self.qc.dequeued([pos])
+                    continue
+                d = raw.send_tagged(link, f"{P.TAG_CATCHUP}{pos}".encode(), ce.data)
+                if self.presettled:
+                    raw.delivery_settle(d)
+
     def on_detached(self) -> None:
+        self.primary.to_run.discard(self)
         w = self.primary.watches.get(self.queue.name)
         if w is not None and w.senders.get(self.backup.name) is self:
             del w.senders[self.backup.name]
@@ -516,17 +690,16 @@ class AckLink(LinkHandler):
 
     def __init__(self, primary: Primary, link: Any, conn: ConnectionState, backup: RemoteBackup) -> None:
         super().__init__(primary.server, link, conn)
+        self.primary = primary
         self.backup = backup
         link.flow(self.CREDIT)
 
-    def on_delivery(self, delivery: Any) -> None:
-        if delivery.partial:
+    def on_delivery(self, d: Any) -> None:
+        if raw.delivery_partial(d):
             return
-        link = self.link
-        data = link.recv(delivery.pending) or b""
-        link.advance()
-        delivery.settle()
-        link.flow(1)
+        data = raw.recv(self.l, raw.delivery_pending(d))
+        raw.delivery_settle(d)
+        raw.link_flow(self.l, 1)
         m = Message()
         try:
             m.decode(data)
@@ -539,10 +712,8 @@ class AckLink(LinkHandler):
             return
         for name, positions in acks.items():
             sender = self.backup.senders.get(name)
-            if sender is None:
-                continue
-            sender.acks.update(positions)
-            self.server.wake(sender)
+            if sender is not None and positions:
+                sender.acknowledged(positions)
 
 
 class StatusLink(LinkHandler):
@@ -551,7 +722,6 @@ class StatusLink(LinkHandler):
     def __init__(self, primary: Primary, link: Any, conn: ConnectionState) -> None:
         super().__init__(primary.server, link, conn)
         self.primary = primary
-        self.sender = link
         self.pending: deque[bytes] = deque()
 
     def send(self, data: bytes) -> None:
@@ -560,12 +730,8 @@ class StatusLink(LinkHandler):
         self.on_flow()
 
     def on_flow(self) -> None:
-        s = self.sender
-        while self.pending and s.credit > 0:
-            d = s.delivery(f"m{next(_status_tags)}")
-            s.send(self.pending.popleft())
-            s.advance()
-            d.settle()
+        while self.pending and raw.link_credit(self.l) > 0:
+            raw.send_settled(self.l, next(_tags), self.pending.popleft())
 
     def on_detached(self) -> None:
         self.primary.status_links.discard(self)
@@ -577,9 +743,8 @@ def _release_all(completions: list[Completion]) -> None:
 
 
 def _idle_timeout(st: ConnectionState) -> bool:
-    c = st.connection
     try:
-        t = c.transport
+        t = st.conn.transport
         cond = t.condition if t is not None else None
     except Exception:
         cond = None

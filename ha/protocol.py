@@ -44,6 +44,9 @@ PROP_REPLICATE = "x-understudy-replicate"
 PROP_PUBLIC_URL = "x-understudy-public-url"
 PROP_ACKS = "x-understudy-acks"  # a primary that takes batched acknowledgements says ACKS_BATCHED
 
+LINK_BATCH = "batch"  # link property of a replicating browser: the batch format version offered / accepted
+BATCH_VERSION = 1  # ha.core.batch
+
 TAG_LIVE = "e"
 TAG_CATCHUP = "c"
 TAG_DEQUEUE = "d"

@@ -139,6 +139,13 @@ class QueueCatchup:
         self._sent += len(batch)
         return batch
 
+    def give_back(self, positions: Iterable[int]) -> None:
+        """Positions from ``next_batch`` that were not sent after all: they are to send again (newest first)."""
+        back = as_position_set(positions).intersection(self._unacked)
+        self._unacked.difference_update(back)
+        self._pending = self._pending.union(back)
+        self._sent -= len(back)
+
     def acked(self, positions: Iterable[object]) -> int:
         """The backup acknowledged ``positions``; returns how many were in flight (the rest is counted as ignored,
         except live positions, which are the guards' business)."""

@@ -125,6 +125,25 @@ class PositionSet:
         self._hi[i:j] = new_hi
         self._count -= removed - kept
 
+    def add_sequence(self, positions: Iterable[int]) -> None:
+        """Add positions that mostly come in runs (ascending or descending, as replication batches carry them):
+        one range operation per run instead of one per position."""
+        lo = hi = prev = 0
+        step = 0
+        for p in positions:
+            if prev and step == 0 and p in (prev + 1, prev - 1):
+                step = p - prev
+            if prev and p == prev + step and step:
+                lo, hi = min(lo, p), max(hi, p)
+            else:
+                if prev:
+                    self.add_range(lo, hi)
+                lo = hi = p
+                step = 0
+            prev = p
+        if prev:
+            self.add_range(lo, hi)
+
     def update(self, other: Iterable[int]) -> None:
         for lo, hi in _ranges_of(other):
             self.add_range(lo, hi)

@@ -11,6 +11,7 @@ rate, so up to a few times ``max_per_second`` lines may be written; from the nex
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,33 @@ class LagSampler:
             return 1.0
         p = self.max_per_second / rate
         return p if self._rng() < p else None
+
+    def sample_batch(self, now: float, n: int) -> tuple[float, list[int]]:
+        """Count ``n`` acknowledgements at ``now`` at once; return the sample rate and the indices (0..n-1) to log.
+
+        The same rule as ``sample`` applied to each of the ``n`` (kept with probability ``p`` each, decided from the
+        rate before the batch), with one random draw per *kept* acknowledgement instead of one per acknowledgement:
+        the gaps between kept ones are geometric.
+        """
+        if n <= 0:
+            return 1.0, []
+        rate = self.rate(now)
+        self._current += n
+        if rate < self.max_per_second:
+            return 1.0, list(range(n))
+        p = self.max_per_second / rate
+        picked: list[int] = []
+        log_q = math.log1p(-p) if p < 1.0 else None
+        i = -1
+        while True:
+            if log_q is None:
+                i += 1
+            else:
+                u = self._rng()
+                i += 1 + int(math.log1p(-u) / log_q)  # P(gap = k) = (1-p)^k p
+            if i >= n:
+                return p, picked
+            picked.append(i)
 
     def _roll(self, now: float) -> None:
         if self._window_start is None:

@@ -7,6 +7,7 @@ import `tests` (run it from the repository root or with PYTHONPATH set to it).
 
 from __future__ import annotations
 
+from broker.extension import Extension
 from broker.links import Completion
 from broker.management import Request, Response
 from broker.queue import Entry, Queue
@@ -15,8 +16,8 @@ from broker.server import Server
 TYPE = "test-holder"
 
 
-class HoldEverything:
-    """A CompletionHolder that keeps every completion until told to let go."""
+class HoldEverything(Extension):
+    """An extension that holds every completion until told to let go."""
 
     def __init__(self) -> None:
         self.held: list[Completion] = []
@@ -39,6 +40,6 @@ class HoldEverything:
 
 def install(server: Server) -> None:
     holder = HoldEverything()
-    server.holders.append(holder)
+    server.add_extension(holder)
     server.management.register(TYPE, "READ", holder.read, write=False)
     server.management.register(TYPE, "RELEASE", holder.release_all, write=True)

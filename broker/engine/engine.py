@@ -1,0 +1,569 @@
+"""The broker's own event loop over proton-C: epoll, sockets, transports pumped by hand, events dispatched by type.
+
+Why not proton's reactor: it wraps every event in Python objects and dispatches through two handler trees (~25 µs
+per event), and writes output only one `select` round after it was produced. Here one *pass* is:
+
+1. `epoll.poll`; each readable socket is read once and its bytes pushed into the transport (frames are decoded in C
+   and events queue up in one collector); due timers, transport ticks and calls from other threads run;
+2. the collector is drained: the hot events (a delivery or credit on a link in the fast table) go straight to the
+   link's handler with the raw delivery pointer, output events only mark their connection, and the rare ones
+   (opens, attaches, closes, errors) are wrapped in proton's `Event` and handed to the connection's handler by
+   method name (`on_link_remote_open(event)` ...), as proton's reactor would;
+3. the application's end-of-pass work runs (`on_pass`: dispatch to consumers, replication batches, settlements),
+   and 2-3 repeat until nothing is left;
+4. every connection with output writes it now (peek, send, pop), so a message that arrived in this pass leaves in
+   this pass; a socket that cannot take it all waits for EPOLLOUT.
+
+Single-threaded: everything runs on the loop thread; other threads use `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import heapq
+import itertools
+import os
+import select
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from cproton_ffi import ffi, lib
+from proton import Condition, Connection, Event, Transport
+
+from broker.engine.timers import Calls, Timer, Timers
+from broker.log import get_logger
+
+log = get_logger("broker.engine")
+
+NULL = ffi.NULL
+EPOLLIN = select.EPOLLIN
+EPOLLOUT = select.EPOLLOUT
+EPOLLERRS = select.EPOLLERR | select.EPOLLHUP
+
+READ_SIZE = 1 << 16
+CLOSE_GRACE = 2.0  # seconds a locally closed connection may wait for its peer before the socket is dropped
+MAX_PASS_ROUNDS = 100  # event/end-of-pass rounds per pass (each round is cheap; this only bounds a bug)
+
+_pn = lib
+_PN_DELIVERY = lib.PN_DELIVERY
+_PN_LINK_FLOW = lib.PN_LINK_FLOW
+_PN_TRANSPORT = lib.PN_TRANSPORT
+_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
+_PN_CONNECTION_LOCAL_CLOSE = lib.PN_CONNECTION_LOCAL_CLOSE
+_PN_LINK_FINAL = lib.PN_LINK_FINAL
+
+# Rare events handed to handlers (wrapped); every other event type is dropped without a Python object.
+_SLOW = frozenset({
+    lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE,
+    lib.PN_SESSION_REMOTE_OPEN, lib.PN_SESSION_REMOTE_CLOSE,
+    lib.PN_LINK_REMOTE_OPEN, lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH,
+    lib.PN_LINK_FLOW, lib.PN_DELIVERY,
+    lib.PN_TRANSPORT_ERROR, lib.PN_TRANSPORT_TAIL_CLOSED, lib.PN_TRANSPORT_CLOSED,
+})
+
+
+class FastLink(Protocol):
+    """A link on the hot path: its deliveries and credit changes arrive raw (see broker.engine.raw)."""
+
+    def on_delivery(self, delivery: Any) -> None: ...
+    def on_flow(self) -> None: ...
+
+
+class HandlerFailed(Protocol):
+    def __call__(self, handler: Any, where: str, exc: BaseException) -> None: ...
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Conn:
+    """One AMQP connection: a socket, a proton transport and connection, and the handler of its rare events."""
+
+    __slots__ = ("c", "closed", "closing", "connecting", "connection", "engine", "fd", "handler", "mask", "outgoing",
+                 "remote", "sock", "state", "t", "tick_due", "transport", "wants_write")
+
+    def __init__(self, engine: Engine, sock: socket.socket, transport: Transport, connection: Connection,
+                 handler: Any, remote: str, outgoing: bool) -> None:
+        self.engine = engine
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.transport = transport
+        self.connection = connection
+        self.t = transport._impl
+        self.c = connection._impl
+        self.handler = handler
+        self.remote = remote
+        self.outgoing = outgoing
+        self.connecting = False
+        self.closed = False
+        self.closing: Timer | None = None
+        self.mask = 0
+        self.tick_due = 0
+        self.wants_write = False
+        self.state: Any = None  # the application's per-connection state (e.g. broker.server.ConnectionState)
+
+    # ----- socket readiness -------------------------------------------------------------------------------------
+    def on_ready(self, mask: int) -> None:
+        if self.connecting:
+            self._connected()
+            return
+        if mask & EPOLLOUT:
+            self.engine.to_write.add(self)
+        if mask & (EPOLLIN | EPOLLERRS):
+            self.read()
+
+    def read(self) -> None:
+        t = self.t
+        cap = _pn.pn_transport_capacity(t)
+        if cap <= 0:
+            # < 0: the input side is closed; 0: proton's input buffer is full (it drains as we process). Stop
+            # watching for input; the next write re-arms it.
+            self._watch(read=False)
+            return
+        e = self.engine
+        try:
+            n = self.sock.recv_into(e.in_buf, min(cap, READ_SIZE))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.io_error(f"read failed: {exc.strerror or exc}")
+            return
+        if n == 0:  # EOF: nothing more will come, and the peer reads nothing more either (proton does the same)
+            _pn.pn_transport_close_tail(t)
+            _pn.pn_transport_close_head(t)
+        else:
+            _pn.pn_transport_push(t, e.in_c, n)
+        e.to_write.add(self)
+
+    def write(self, now_ms: int) -> None:
+        """Tick the transport (heartbeats, idle timeout) and write whatever it has to say."""
+        if self.closed or self.connecting:
+            return
+        t = self.t
+        due = _pn.pn_transport_tick(t, now_ms)
+        if due and due != self.tick_due:
+            self.tick_due = due
+            self.engine.add_tick(due, self)
+        e = self.engine
+        while True:
+            n = _pn.pn_transport_pending(t)
+            if n <= 0:
+                self._watch(write=False)
+                return
+            if n > len(e.out_buf):
+                e.grow_out(n)
+            n = _pn.pn_transport_peek(t, e.out_c, n)
+            if n <= 0:
+                self._watch(write=False)
+                return
+            try:
+                sent = self.sock.send(e.out_mv[:n])
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self.io_error(f"write failed: {exc.strerror or exc}")
+                return
+            if sent:
+                _pn.pn_transport_pop(t, sent)
+            if sent < n:
+                self._watch(write=True)
+                return
+
+    def io_error(self, description: str) -> None:
+        t = self.t
+        if not _pn.pn_transport_closed(t):
+            cond = self.transport.condition
+            if cond is None:
+                self.transport.condition = Condition("proton:io", description)
+            _pn.pn_transport_close_tail(t)
+            _pn.pn_transport_close_head(t)
+        self._watch(read=False, write=False)
+
+    def _watch(self, read: bool | None = None, write: bool | None = None) -> None:
+        mask = self.mask
+        if read is not None:
+            mask = (mask | EPOLLIN) if read else (mask & ~EPOLLIN)
+        if write is not None:
+            mask = (mask | EPOLLOUT) if write else (mask & ~EPOLLOUT)
+            if write is False and not mask & EPOLLIN and _pn.pn_transport_capacity(self.t) > 0:
+                mask |= EPOLLIN  # input had paused on a full buffer: listen again
+        if mask != self.mask and not self.closed:
+            self.mask = mask
+            self.engine.epoll.modify(self.fd, mask)
+
+    # ----- outgoing connect -------------------------------------------------------------------------------------
+    def _connected(self) -> None:
+        err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        self.connecting = False
+        if err:
+            self.io_error(f"connect to {self.remote} failed: {os.strerror(err)}")
+            return
+        self.mask = EPOLLIN
+        self.engine.epoll.modify(self.fd, EPOLLIN)
+        self.engine.to_write.add(self)
+
+    def abort(self, description: str) -> None:
+        """Give up on this connection now (e.g. a connect that takes too long): the handler hears a transport
+        error and a close, as for any I/O failure."""
+        if not self.closed:
+            self.connecting = False
+            self.io_error(description)
+
+    def pending_output(self) -> int:
+        if self.closed:
+            return 0
+        n = _pn.pn_transport_pending(self.t)
+        return n if n > 0 else 0
+
+    # ----- end --------------------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """The transport is closed both ways: drop the socket and forget the connection."""
+        if self.closed:
+            return
+        self.closed = True
+        e = self.engine
+        if self.closing is not None:
+            self.closing.cancel()
+        e.fds.pop(self.fd, None)
+        with contextlib.suppress(OSError, ValueError):
+            e.epoll.unregister(self.fd)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        e.conns.pop(self.c, None)
+        e.by_transport.pop(self.t, None)
+        e.to_write.discard(self)
+        self.transport.unbind()
+
+
+class Engine:
+    """The event loop. `on_pass` is the application's end-of-pass work; `on_failure` is told when a handler raised
+    (the handler's link or connection should be closed; the loop itself carries on)."""
+
+    def __init__(self, container_id: str) -> None:
+        self.container_id = container_id
+        self.epoll = select.epoll()
+        self.collector = lib.pn_collector()
+        self.fds: dict[int, Callable[[int], None]] = {}
+        self.conns: dict[Any, Conn] = {}  # pn_connection_t* -> Conn
+        self.by_transport: dict[Any, Conn] = {}  # pn_transport_t* -> Conn
+        self.fast: dict[Any, FastLink] = {}  # pn_link_t* -> hot-path handler
+        self.link_handlers: dict[Any, Any] = {}  # pn_link_t* -> handler of the link's rare events
+        self.to_write: set[Conn] = set()
+        self.timers = Timers()
+        self._ticks: list[tuple[int, int, Conn]] = []
+        self._tick_seq = itertools.count()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.calls = Calls(self._wake)
+        self.fds[self._wake_fd] = self._woken
+        self.epoll.register(self._wake_fd, EPOLLIN)
+        self.listeners: list[socket.socket] = []
+        self.on_pass: Callable[[], None] = lambda: None
+        self.on_failure: HandlerFailed = _log_failure
+        self.running = False
+        self.passes = 0
+        self.in_buf = bytearray(READ_SIZE)
+        self.in_c = ffi.from_buffer(self.in_buf)
+        self.out_buf = bytearray(READ_SIZE)
+        self.out_c = ffi.from_buffer(self.out_buf)
+        self.out_mv = memoryview(self.out_buf)
+
+    # ----- sockets ----------------------------------------------------------------------------------------------
+    def listen(self, host: str, port: int, on_accept: Callable[[Conn], Any]) -> int:
+        """Accept AMQP connections on host:port; `on_accept(conn)` configures the new transport (SASL) and returns
+        the handler of the connection's rare events. Returns the bound port (useful with port 0)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self.listeners.append(sock)
+        self.fds[sock.fileno()] = lambda _mask: self._accept(sock, on_accept)
+        self.epoll.register(sock.fileno(), EPOLLIN)
+        return int(sock.getsockname()[1])
+
+    def close_listeners(self) -> None:
+        for sock in self.listeners:
+            self.fds.pop(sock.fileno(), None)
+            with contextlib.suppress(OSError, ValueError):
+                self.epoll.unregister(sock.fileno())
+            sock.close()
+        self.listeners.clear()
+
+    def _accept(self, lsock: socket.socket, on_accept: Callable[[Conn], Any]) -> None:
+        for _ in range(64):
+            try:
+                sock, addr = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. EMFILE: log, and try again on the next readiness
+                log.error("connection.accept_failed", description=str(e))
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            transport = Transport(Transport.SERVER)
+            connection = Connection()
+            conn = self._adopt(sock, transport, connection, None, f"{addr[0]}:{addr[1]}", outgoing=False)
+            try:
+                conn.handler = on_accept(conn)
+            except Exception as e:
+                self.on_failure(None, "accept", e)
+                conn.io_error("refused")
+                continue
+            conn.mask = EPOLLIN
+            self.epoll.register(conn.fd, EPOLLIN)
+
+    def connect(self, host: str, port: int, handler: Any, *, properties: dict[Any, Any] | None = None,
+                user: str | None = None, password: str | None = None, mechanisms: str | None = None,
+                heartbeat: float | None = None) -> Conn:
+        """Open an AMQP connection to host:port (non-blocking); `handler` gets its rare events. A failed connect
+        arrives as a transport error and a transport close, like any other I/O failure."""
+        connection = Connection()
+        connection.container = self.container_id
+        connection.hostname = host
+        if properties:
+            connection.properties = properties
+        transport = Transport()
+        sasl = transport.sasl()
+        sasl.allow_insecure_mechs = True
+        if user is not None:
+            connection.user = user
+            if password is not None:
+                connection.password = password
+        if mechanisms:
+            sasl.allowed_mechs(mechanisms)
+        if heartbeat:
+            transport.idle_timeout = heartbeat
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = self._adopt(sock, transport, connection, handler, f"{host}:{port}", outgoing=True)
+        connection.open()
+        conn.connecting = True
+        conn.mask = EPOLLOUT
+        self.epoll.register(conn.fd, EPOLLOUT)
+        try:
+            err = sock.connect_ex((host, port))
+        except OSError as e:  # e.g. an unresolvable name
+            err = e.errno or errno.EINVAL
+        if err not in (0, errno.EINPROGRESS):
+            conn.connecting = False
+            conn.io_error(f"connect to {host}:{port} failed: {os.strerror(err)}")
+        return conn
+
+    def _adopt(self, sock: socket.socket, transport: Transport, connection: Connection, handler: Any, remote: str,
+               outgoing: bool) -> Conn:
+        conn = Conn(self, sock, transport, connection, handler, remote, outgoing)
+        lib.pn_connection_collect(conn.c, self.collector)
+        transport.bind(connection)
+        self.conns[conn.c] = conn
+        self.by_transport[conn.t] = conn
+        self.fds[conn.fd] = conn.on_ready
+        return conn
+
+    def conn_of(self, connection: Any) -> Conn | None:
+        """The Conn of a proton Connection (wrapper or pointer)."""
+        return self.conns.get(getattr(connection, "_impl", connection))
+
+    # ----- links ------------------------------------------------------------------------------------------------
+    def add_fast(self, link: Any, handler: FastLink) -> None:
+        self.fast[getattr(link, "_impl", link)] = handler
+
+    def remove_fast(self, link: Any) -> None:
+        self.fast.pop(getattr(link, "_impl", link), None)
+
+    def set_link_handler(self, link: Any, handler: Any) -> None:
+        self.link_handlers[getattr(link, "_impl", link)] = handler
+
+    # ----- timers and other threads -----------------------------------------------------------------------------
+    def schedule(self, delay: float, fn: Callable[[], None]) -> Timer:
+        return self.timers.add(time.monotonic() + delay, fn)
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
+        self.calls.push(fn)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # EAGAIN: already signalled
+            os.eventfd_write(self._wake_fd, 1)
+
+    def _woken(self, _mask: int) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.eventfd_read(self._wake_fd)
+
+    def add_tick(self, due_ms: int, conn: Conn) -> None:
+        heapq.heappush(self._ticks, (due_ms, next(self._tick_seq), conn))
+
+    # ----- the loop ---------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self.running = False
+        self._wake()
+
+    def run(self) -> None:
+        self.running = True
+        while self.running:
+            self.run_once()
+        self.close_listeners()
+
+    def run_once(self, max_wait: float = 60.0) -> None:
+        timeout = self._timeout(max_wait)
+        try:
+            ready = self.epoll.poll(timeout)
+        except InterruptedError:
+            ready = []
+        self.passes += 1
+        fds = self.fds
+        for fd, mask in ready:
+            h = fds.get(fd)
+            if h is not None:
+                h(mask)
+        now = time.monotonic()
+        for timer in self.timers.due(now):
+            self._call(timer.fn, "timer")
+        if self._ticks:
+            now_ms = int(now * 1000)
+            ticks = self._ticks
+            while ticks and ticks[0][0] <= now_ms:
+                due, _, conn = heapq.heappop(ticks)
+                if due == conn.tick_due and not conn.closed:
+                    conn.tick_due = 0
+                    self.to_write.add(conn)
+        if self.calls:
+            for fn in self.calls.take():
+                self._call(fn, "call")
+        self.process()
+        self.flush()
+
+    def _timeout(self, max_wait: float) -> float:
+        if lib.pn_collector_peek(self.collector) != NULL or self.calls or self.to_write:
+            return 0.0
+        wait = max_wait
+        now = time.monotonic()
+        due = self.timers.next_due()
+        if due is not None:
+            wait = min(wait, due - now)
+        if self._ticks:
+            wait = min(wait, self._ticks[0][0] / 1000.0 - now)
+        return max(wait, 0.0)
+
+    def process(self) -> None:
+        """Drain the collector and run the end-of-pass work until neither has anything left."""
+        col = self.collector
+        for _ in range(MAX_PASS_ROUNDS):
+            self.dispatch()
+            self._call(self.on_pass, "end of pass")
+            if lib.pn_collector_peek(col) == NULL:
+                return
+
+    def flush(self) -> None:
+        """Write every connection's pending output (and tick its transport)."""
+        if self.to_write:
+            now_ms = _now_ms()
+            conns, self.to_write = self.to_write, set()
+            for conn in conns:
+                conn.write(now_ms)
+
+    def dispatch(self) -> None:
+        col = self.collector
+        peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        event_delivery, delivery_link, event_link = lib.pn_event_delivery, lib.pn_delivery_link, lib.pn_event_link
+        fast = self.fast
+        while True:
+            ev = peek(col)
+            if ev == NULL:
+                return
+            t = etype(ev)
+            if t == _PN_DELIVERY:
+                d = event_delivery(ev)
+                h = fast.get(delivery_link(d))
+                if h is not None:
+                    try:
+                        h.on_delivery(d)
+                    except Exception as e:
+                        self.on_failure(h, "delivery", e)
+                    pop(col)
+                    continue
+            elif t == _PN_TRANSPORT:
+                conn = self.by_transport.get(lib.pn_event_transport(ev))
+                if conn is not None:
+                    self.to_write.add(conn)
+                pop(col)
+                continue
+            elif t == _PN_LINK_FLOW:
+                h = fast.get(event_link(ev))
+                if h is not None:
+                    try:
+                        h.on_flow()
+                    except Exception as e:
+                        self.on_failure(h, "flow", e)
+                    pop(col)
+                    continue
+            if t in _SLOW:
+                self._slow(ev, t)
+            elif t == _PN_CONNECTION_LOCAL_CLOSE:
+                self._closing(lib.pn_event_connection(ev))
+            elif t == _PN_LINK_FINAL:
+                link = event_link(ev)
+                fast.pop(link, None)
+                self.link_handlers.pop(link, None)
+            pop(col)
+
+    def _slow(self, ev: Any, t: int) -> None:
+        event = Event.wrap(ev)
+        method = event.type.method
+        conn = self.conns.get(lib.pn_event_connection(ev))
+        link = lib.pn_event_link(ev)
+        handler = self.link_handlers.get(link) if link != NULL else None
+        fn = getattr(handler, method, None) if handler is not None else None
+        if fn is None and conn is not None:
+            handler = conn.handler
+            fn = getattr(handler, method, None)
+        if fn is not None:
+            try:
+                fn(event)
+            except Exception as e:
+                self.on_failure(handler, method, e)
+        if t == _PN_TRANSPORT_CLOSED and conn is not None:
+            conn.finish()
+
+    def _closing(self, c: Any) -> None:
+        conn = self.conns.get(c)
+        if conn is None or conn.closing is not None:
+            return
+        conn.closing = self.schedule(CLOSE_GRACE, lambda: conn.abort("peer did not close in time"))
+
+    def _call(self, fn: Callable[[], None], where: str) -> None:
+        try:
+            fn()
+        except Exception as e:
+            self.on_failure(None, where, e)
+
+    def grow_out(self, n: int) -> None:
+        size = max(n, 2 * len(self.out_buf))
+        self.out_buf = bytearray(size)
+        self.out_c = ffi.from_buffer(self.out_buf)
+        self.out_mv = memoryview(self.out_buf)
+
+    def pending_output(self) -> int:
+        return sum(c.pending_output() for c in self.conns.values())
+
+    def close(self) -> None:
+        for conn in list(self.conns.values()):
+            conn.finish()
+        self.close_listeners()
+        with contextlib.suppress(OSError, ValueError):
+            self.epoll.unregister(self._wake_fd)
+        os.close(self._wake_fd)
+        self.epoll.close()
+
+
+def _log_failure(handler: Any, where: str, exc: BaseException) -> None:
+    log.error("broker.error", where=where, handler=type(handler).__name__, exc_info=exc)

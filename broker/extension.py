@@ -1,0 +1,65 @@
+"""The one way a layer above the broker (HA) plugs into it: an `Extension` the server calls at fixed points.
+
+`broker/` never imports `ha/`; it calls these methods on every installed extension, in order. `Extension` is a base
+class whose methods do nothing, so an extension overrides only what it needs. Everything is called on the event loop
+thread. This replaces the eleven hook attributes the server used to have (qpid's broker::Cluster interface is the
+model: the broker tells the cluster what happens, and asks it a few questions).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.links import Completion, LinkHandler
+    from broker.queue import Entry, Queue
+    from broker.server import ConnectionState, Server
+
+
+class Extension:
+    # ----- lifecycle -------------------------------------------------------------------------------------------
+    def started(self, server: Server) -> None:
+        """The broker listens (its port is known)."""
+
+    def stopping(self) -> None:
+        """The broker is shutting down."""
+
+    # ----- identity ----------------------------------------------------------------------------------------------
+    def role_epoch(self) -> tuple[str, int] | None:
+        """(role, epoch) for logs and management; None = no opinion (standalone, 0)."""
+        return None
+
+    def attributes(self) -> dict[str, Any]:
+        """Extra attributes of the broker object in management."""
+        return {}
+
+    def connection_properties(self) -> dict[str, Any]:
+        """Extra properties of the broker's open frame."""
+        return {}
+
+    # ----- connections and links -------------------------------------------------------------------------------
+    def admit(self, conn: ConnectionState) -> None:
+        """A connection is opening: raise `broker.errors.Refusal` to refuse it."""
+
+    def connection_closed(self, conn: ConnectionState) -> None:
+        """A connection is gone (closed or lost)."""
+
+    def attach(self, server: Server, link: Any, conn: ConnectionState, address: str) -> LinkHandler | None:
+        """A peer attaches a link to `address`: return a handler to claim it (raise LinkError to refuse), or None
+        to leave it to the broker."""
+        return None
+
+    # ----- messages ----------------------------------------------------------------------------------------------
+    def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
+        """A client's delivery was enqueued at `routed`. Return True to hold its settlement (then call
+        `completion.release()` exactly once later)."""
+        return False
+
+    def may_settle(self) -> bool:
+        """Checked before each batch of client settlements; while False they wait (retried every 50 ms)."""
+        return True
+
+    def end_of_pass(self) -> bool:
+        """At the end of each event-loop pass, after the broker's own work (batch what the pass gathered). Return
+        True when something happened (e.g. completions were released): the server then goes round once more."""
+        return False
