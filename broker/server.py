@@ -30,7 +30,7 @@ from broker.links import Completion, ConsumerLink, EventsLink, LinkHandler, Publ
 from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
 from broker.message import current_properties, current_subject, current_to, decode
-from broker.queue import Entry, Queue
+from broker.queue import Queue
 from broker.wiring import Wiring, WiringEvent
 
 log = get_logger("broker")

@@ -1,0 +1,143 @@
+"""The replication batch format: what a writer writes a parser reads back; anything else is refused whole."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import BatchError
+from ha.core.batch import DEFAULT_LIMIT, BatchWriter, parse
+
+MAX = 10 * 1024 * 1024
+
+
+def test_records_come_back_in_order_with_every_field() -> None:
+    w = BatchWriter()
+    w.dequeue(3, 7)
+    w.enqueue(10, 2, 3, 1, 1_800_000_000.25, b"ten")
+    w.enqueue(11, 0, 0, 0, None, b"")
+    records = parse(w.payload(), MAX)
+    assert records == [(3, 7), (10, 2, 3, 1, 1_800_000_000.25, b"ten"), (11, 0, 0, 0, 0.0, b"")]
+    assert w.enqueued == [10, 11]
+
+
+def test_the_payload_is_one_amqp_data_section() -> None:
+    from proton import Message
+
+    w = BatchWriter()
+    w.enqueue(1, 0, 0, 0, None, b"x" * 300)
+    payload = w.payload()
+    m = Message()
+    m.decode(payload)
+    assert bytes(m.body)[:3] == b"UB\x01"
+
+
+def test_full_says_when_to_start_the_next_batch() -> None:
+    w = BatchWriter(limit=1000)
+    while not w.full:
+        w.enqueue(w.count + 1, 0, 0, 0, None, b"x" * 100)
+    assert 1000 <= w.size < 1000 + 100 + 30
+    assert not BatchWriter().full and not BatchWriter()
+    assert DEFAULT_LIMIT >= 64 * 1024
+
+
+def _batch(*records: bytes) -> bytes:
+    body = b"UB\x01" + b"".join(records)
+    return b"\x00\x53\x75\xb0" + len(body).to_bytes(4, "big") + body
+
+
+def _enq(pos: int, data: bytes, n: int | None = None) -> bytes:
+    return struct.pack(">cQBBIdI", b"E", pos, 0, 0, 0, 0.0, len(data) if n is None else n) + data
+
+
+@pytest.mark.parametrize(
+    ("payload", "says"),
+    [
+        (b"", "not a replication batch"),
+        (b"\x00\x53\x77\xa1\x03abc", "not a replication batch"),
+        (_batch(_enq(1, b"abc"))[:-1], "transfer has"),
+        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x02", "version 2 is not supported"),
+        (b"\x00\x53\x75\xb0\x00\x00\x00\x03XY\x01", "bad magic"),
+        (_batch(_enq(0, b"a")), "position 0"),
+        (_batch(_enq(5, b"abc", n=9)), "message truncated"),
+        (_batch(_enq(5, b"a"), _enq(5, b"b")), "position 5 twice"),
+        (_batch(struct.pack(">cQQ", b"D", 9, 3)), "bad range 9..3"),
+        (_batch(struct.pack(">cQQ", b"D", 0, 3)), "bad range 0..3"),
+        (_batch(b"D\x00\x00"), "truncated dequeue record"),
+        (_batch(b"E\x00"), "truncated enqueue record"),
+        (_batch(b"Z"), "unknown record kind"),
+    ],
+)
+def test_a_bad_batch_is_refused_naming_the_problem(payload: bytes, says: str) -> None:
+    with pytest.raises(BatchError, match=says):
+        parse(payload, MAX)
+
+
+def test_a_message_over_the_limit_is_refused() -> None:
+    with pytest.raises(BatchError, match="over the limit of 10"):
+        parse(_batch(_enq(1, b"x" * 11)), 10)
+
+
+_records = st.lists(
+    st.one_of(
+        st.tuples(st.integers(1, 2**40), st.integers(0, 9), st.integers(0, 3), st.integers(0, 5),
+                  st.one_of(st.none(), st.floats(1.0, 2e9)), st.binary(max_size=64)),
+        st.tuples(st.integers(1, 2**40), st.integers(0, 2**20)),
+    ),
+    max_size=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_records)
+def test_round_trip(records: list[tuple]) -> None:  # type: ignore[type-arg]
+    w = BatchWriter()
+    want = []
+    seen: set[int] = set()
+    for r in records:
+        if len(r) == 2:
+            lo = r[0]
+            w.dequeue(lo, lo + r[1])
+            want.append((lo, lo + r[1]))
+        elif r[0] not in seen:
+            seen.add(r[0])
+            w.enqueue(*r)
+            want.append((r[0], r[1], r[2], r[3], r[4] or 0.0, r[5]))
+    assert parse(w.payload(), MAX) == want
+
+
+@settings(max_examples=500, deadline=None)
+@given(_records, st.data())
+def test_any_damage_raises_batch_error_or_parses_fully(records: list[tuple], data: st.DataObject) -> None:  # type: ignore[type-arg]
+    """Truncation, flipped bytes, junk appended: parse raises BatchError (never another exception) or returns a
+    complete list of well-formed records."""
+    w = BatchWriter()
+    seen: set[int] = set()
+    for r in records:
+        if len(r) == 2:
+            w.dequeue(r[0], r[0] + r[1])
+        elif r[0] not in seen:
+            seen.add(r[0])
+            w.enqueue(*r)
+    payload = bytearray(w.payload())
+    how = data.draw(st.sampled_from(["truncate", "flip", "append"]))
+    if how == "truncate":
+        payload = payload[: data.draw(st.integers(0, len(payload) - 1))]
+    elif how == "flip":
+        i = data.draw(st.integers(0, len(payload) - 1))
+        payload[i] ^= data.draw(st.integers(1, 255))
+    else:
+        payload += data.draw(st.binary(min_size=1, max_size=40))
+    try:
+        out = parse(bytes(payload), MAX)
+    except BatchError:
+        return
+    positions = [r[0] for r in out if len(r) == 6]
+    assert len(positions) == len(set(positions))
+    for r in out:
+        assert r[0] >= 1
+        if len(r) == 2:
+            assert r[0] <= r[1]
