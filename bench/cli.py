@@ -16,22 +16,27 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import procstat, report
+from bench import hop, native, procstat, report
 from bench.catchup import run_catchup
 from bench.ours import OursReplicated
 from bench.phases import PhaseSpec, run_phase
+from bench.rss import run_rss
 from bench.scenarios import DEFAULT, SCENARIOS
 from bench.targets import Target
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PRESETS: dict[str, dict[str, Any]] = {
-    # ~1-2 minutes for the three default targets on a 2-core machine
-    "quick": {"messages": 20_000, "latency_messages": 1_000, "repeat": 1, "catchup_messages": "100000"},
-    # a few minutes plus the catch-up of 1M messages per replicated target; medians of 3
-    "full": {"messages": 100_000, "latency_messages": 5_000, "repeat": 3, "catchup_messages": "100000,1000000"},
+    # a few minutes for the default targets on a 2-core machine
+    "quick": {"messages": 20_000, "latency_messages": 1_000, "repeat": 1, "catchup_messages": "100000",
+              "rss_messages": 100_000},
+    # longer: the catch-up and the RSS fill of 1M messages per target; medians of 3
+    "full": {"messages": 100_000, "latency_messages": 5_000, "repeat": 3, "catchup_messages": "100000,1000000",
+             "rss_messages": 1_000_000},
 }
 LOAD_PHASES = ("publish", "e2e", "latency")
-ALL_PHASES = (*LOAD_PHASES, "catchup")
+ALL_PHASES = ("rss", *LOAD_PHASES, "catchup")
+#: targets other than ours fill at most this many messages for the RSS comparison (cheap, not a goal)
+RSS_OTHERS_MAX = 100_000
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,10 +45,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--targets", default=",".join(DEFAULT),
                    help=f"comma list of {', '.join(SCENARIOS)} [{','.join(DEFAULT)}]")
     p.add_argument("--phases", default=",".join(ALL_PHASES),
-                   help=f"comma list of {','.join(ALL_PHASES)} (catchup: replicated targets only) [all]")
+                   help=f"comma list of {','.join(ALL_PHASES)} (catchup: replicated targets only; rss runs first, "
+                        "on the freshly started target) [all]")
+    p.add_argument("--client", choices=("c", "python"),
+                   help="load generator: c (bench/loadgen, built on demand) or python (bench/client.py) "
+                        "[c when it builds]")
     p.add_argument("--catchup-messages",
                    help="comma list of queue depths for the catch-up phase, one run each "
                         "[quick: 100000; full: 100000,1000000]")
+    p.add_argument("--catchup-publisher-rate", type=float, default=1000.0,
+                   help="msg/s of the live publisher on a second queue during catch-up (C client only; 0 = none) "
+                        "[1000]")
+    p.add_argument("--rss-messages", type=int,
+                   help=f"messages queued for the RSS-per-message figure [quick 100000, full 1000000; targets other "
+                        f"than ours at most {RSS_OTHERS_MAX}]")
+    p.add_argument("--hop-count", type=int, default=20_000, help="round trips of the loopback hop measurement")
     p.add_argument("--messages", type=int, help="messages per publish / e2e phase (all publishers together)")
     p.add_argument("--latency-messages", type=int, help="messages in the sync latency phase")
     p.add_argument("--duration", type=float, help="cap each publisher at this many seconds (count still caps)")
@@ -110,6 +126,21 @@ def background_busy_share(seconds: float = 1.0) -> float:
     return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
 
+def choose_loadgen(args: argparse.Namespace) -> Path | None:
+    """The C load generator when --client c (or by default, when it builds); None for the Python clients."""
+    if args.client == "python":
+        return None
+    binary, why = native.try_loadgen()
+    if binary is None:
+        if args.client == "c":
+            sys.exit(f"bench: --client c, but the C load generator does not build: {why}")
+        print(f"bench: C load generator not available ({why}); using the Python clients", file=sys.stderr)
+        args.client = "python"
+        return None
+    args.client = "c"
+    return binary
+
+
 def make_target(name: str, args: argparse.Namespace) -> Target:
     t = SCENARIOS[name]()
     if name.startswith("ours") and args.ours_arg:
@@ -128,6 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     infos: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     names = args.targets.split(",")
+    loadgen = choose_loadgen(args)
+    phases = args.phases.split(",")
+    hop_result = hop.measure(loadgen, args.hop_count)
+    print(f"== loopback one-way hop: {hop_result['hop_us']:.1f} µs (half the median TCP round trip of 1-byte "
+          f"messages, {hop_result['method']})", file=sys.stderr, flush=True)
     try:
         for name in names:
             target = make_target(name, args)
@@ -138,9 +174,17 @@ def main(argv: list[str] | None = None) -> None:
                     target.start(workdir)
                     infos[name] = dataclasses.asdict(target.info())
                     infos[name]["background_busy_share"] = background
+                    if "rss" in phases:
+                        n = args.rss_messages if name.startswith("ours") else min(args.rss_messages, RSS_OTHERS_MAX)
+                        rr = run_rss(target, n, args.size, args.durable, loadgen).as_dict()
+                        runs.append(rr)
+                        print(f"   {name} rss {n}: {rr['overhead_bytes_per_msg']:.0f} B/msg over the "
+                              f"{args.size}-byte body (per role: "
+                              + ", ".join(f"{k} {v:.0f}" for k, v in rr["bytes_per_msg"].items()) + " B/msg)"
+                              + (f", ERRORS {rr['errors']}" if rr["errors"] else ""), file=sys.stderr, flush=True)
                     for rep in range(args.repeat):
                         for spec in specs:
-                            r = run_phase(target, spec).as_dict()
+                            r = run_phase(target, spec, loadgen=loadgen).as_dict()
                             r["repeat"] = rep
                             runs.append(r)
                             print(f"   {name} {spec.name} #{rep + 1}: {r['messages']} msgs, {r['rate']:,.0f} msg/s, "
@@ -149,11 +193,14 @@ def main(argv: list[str] | None = None) -> None:
                                   + (f", ERRORS {r['errors']}" if r["errors"] else ""), file=sys.stderr, flush=True)
                     if do_catchup and isinstance(target, OursReplicated):
                         for n in args.catchup_sizes:
-                            c = run_catchup(target, n, args.size, args.durable).as_dict()
+                            c = run_catchup(target, n, args.size, args.durable, loadgen=loadgen or
+                                            native.try_loadgen()[0], publisher_rate=args.catchup_publisher_rate
+                                            ).as_dict()
                             catchups.append(c)
                             print(f"   {name} catchup {n}: ready after {c['seconds']:.1f} s "
                                   f"(start-up {c['startup_seconds']:.1f} s), {c['catchup_rate']:,.0f} msg/s, "
-                                  f"broker {c['broker_us_per_msg']:.1f} µs/msg"
+                                  f"broker {c['broker_us_per_msg']:.1f} µs/msg, live publisher "
+                                  f"{c['publisher_rate']:,.0f} msg/s"
                                   + (f", ERRORS {c['errors']}" if c["errors"] else ""), file=sys.stderr, flush=True)
             except Exception as e:
                 failures[name] = f"{type(e).__name__}: {e}"
@@ -164,9 +211,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     kinds = {n: i["kind"] for n, i in infos.items()}
-    table = report.markdown(runs, names, kinds, catchups)
+    table = report.markdown(runs, names, kinds, catchups, hop=hop_result, client=args.client)
     out = {"started": started.isoformat(), "machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v)
                                                                            for k, v in vars(args).items()},
+           "client": args.client, "loadgen": str(loadgen) if loadgen else None, "hop": hop_result,
            "targets": infos, "failures": failures, "runs": runs, "catchup": catchups,
            "table_markdown": table}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Results -> summary (medians over repeats), ratio table and load-generator table in markdown. Pure functions."""
+"""Results -> summary (medians over repeats), the figures table, per-role CPU, RSS, catch-up and the goal verdicts
+in markdown. Pure functions."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ METRICS = [
     Metric("broker CPU per msg, publish, µs", "publish", "broker_us_per_msg", False),
     Metric("broker CPU per msg, e2e, µs", "e2e", "broker_us_per_msg", False),
     Metric("broker CPU per msg, sync, µs", "latency", "broker_us_per_msg", False),
+    Metric("end-to-end latency p50, ms", "e2e", "e2e_latency_ms.p50", False),
+    Metric("RAM per queued msg over the body, B", "rss", "overhead_bytes_per_msg", False),
 ]
 LOADGEN_KEYS = [("client procs", "client_processes"), ("messages", "messages"), ("seconds", "seconds"), ("client CPU µs/msg", "client_us_per_msg"),
                 ("busiest client, core share", "client_max_core_share"),
@@ -38,21 +41,10 @@ INTEGER_KEYS = {"client_processes", "messages"}
 REPLICATION_METRICS = [
     Metric(m.label.replace("broker CPU per msg", "broker CPU per msg (all brokers)"), m.phase, m.key,
            m.higher_is_better)
-    for m in METRICS
+    for m in METRICS[:7]
 ]
-
-
-@dataclass(frozen=True)
-class RatioGoal:
-    label: str
-    metric: Metric
-    bound: float  # the replicated / unreplicated ratio must be >= bound (higher_is_better) or <= bound
-
-
-REPLICATION_GOALS = [
-    RatioGoal("replicated confirmed-publish throughput >= 0.8x unreplicated", REPLICATION_METRICS[0], 0.8),
-    RatioGoal("replicated sync-publish p50 <= 1.5x unreplicated", REPLICATION_METRICS[2], 1.5),
-]
+LOAD_PHASES = ("publish", "e2e", "latency")
+PHASE_LABEL = {"publish": "publish", "e2e": "e2e", "latency": "sync"}
 
 
 def _get(row: dict[str, Any], key: str) -> float:
@@ -94,16 +86,24 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def ratio_pairs(targets: Sequence[str], kinds: dict[str, str]) -> list[tuple[str, str]]:
-    """(ours, reference) pairs: every understudy target against every RabbitMQ target."""
+    """(ours, reference) pairs: every understudy target against every RabbitMQ target, and the unreplicated
+    broker (`ours`) against the proton-C example broker."""
     ours = [t for t in targets if kinds.get(t) == "understudy"]
     refs = [t for t in targets if kinds.get(t) == "rabbitmq"]
-    return [(a, b) for a in ours for b in refs]
+    engine = [(a, b) for a in ours if a == "ours" for b in targets if kinds.get(b) == "proton-c"]
+    return [(a, b) for a in ours for b in refs] + engine
 
 
 def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict[str, str],
-             catchups: Sequence[dict[str, Any]] = ()) -> str:
+             catchups: Sequence[dict[str, Any]] = (), hop: dict[str, Any] | None = None,
+             client: str | None = None) -> str:
     if not runs:  # e.g. --phases catchup
-        return catchup_markdown(catchups) if catchups else "no results"
+        if not catchups:
+            return "no results"
+        parts = [catchup_markdown(catchups)]
+        if hop is not None:
+            parts += ["", "Goal verdicts:", "", *verdict_lines(verdicts({}, hop, catchups, client))]
+        return "\n".join(parts)
     keys = sorted({m.key for m in METRICS} | {k for _, k in LOADGEN_KEYS})
     summary = summarize(runs, keys)
     pairs = ratio_pairs(targets, kinds)
@@ -116,20 +116,78 @@ def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict
         rows.append([m.label, *[_fmt(vals[t]) for t in present], *[_fmt(r) for r in ratios]])
     parts = [_table(header, rows),
              "",
-             "Ratios are ours / RabbitMQ: above 1 is better for msg/s, below 1 is better for ms and µs.",
-             "",
-             "Load generator (medians):",
-             "",
-             _loadgen_table(summary, present)]
-    goals = goal_lines(summary, kinds)
-    if goals:
-        parts += ["", *goals]
+             "Ratios are ours / reference: above 1 is better for msg/s, below 1 is better for ms, µs and B.",
+             "RAM per queued msg: (broker RSS after - before filling a fresh queue) / messages - body bytes; "
+             "replicated: the largest broker of the set."]
+    if hop is not None:
+        parts += ["", hop_line(hop)]
+    parts += ["",
+              f"Load generator{f' ({client} clients)' if client else ''}, medians:",
+              "",
+              _loadgen_table(summary, present)]
+    by_role = role_markdown(runs, present)
+    if by_role:
+        parts += ["", by_role]
     repl = replication_markdown(summary, present, kinds)
     if repl:
         parts += ["", repl]
+    rss_rows = [r for r in runs if r.get("phase") == "rss"]
+    if rss_rows:
+        parts += ["", rss_markdown(rss_rows)]
     if catchups:
         parts += ["", catchup_markdown(catchups)]
+    parts += ["", f"Goal verdicts (same run{f', {client} clients' if client else ''}):", "",
+              *verdict_lines(verdicts(summary, hop, catchups, client))]
     return "\n".join(parts)
+
+
+def hop_line(hop: dict[str, Any]) -> str:
+    rtt = hop.get("rtt_us") or {}
+    return (f"Loopback one-way hop (same run): {_fmt(float(hop.get('hop_us', math.nan)))} µs = half the median "
+            f"round trip of 1-byte TCP messages between two processes (RTT p50 {_fmt(float(rtt.get('p50', math.nan)))}"
+            f", p99 {_fmt(float(rtt.get('p99', math.nan)))} µs; {hop.get('method', '?')}, "
+            f"{hop.get('samples', 0)} round trips)")
+
+
+def role_cpu(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{target: {role: {phase: broker CPU µs per message of that role, median over repeats}}}."""
+    grouped: dict[tuple[str, str, str], list[float]] = {}
+    for r in runs:
+        if r.get("phase") not in LOAD_PHASES:
+            continue
+        n = r.get("messages") or 0
+        for role, sec in (r.get("broker_cpu_seconds") or {}).items():
+            grouped.setdefault((r["target"], role, r["phase"]), []).append(stats.per_message_us(sec, n))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (t, role, phase), vals in grouped.items():
+        out.setdefault(t, {}).setdefault(role, {})[phase] = stats.median(vals)
+    return out
+
+
+def role_markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str]) -> str:
+    per = role_cpu(runs)
+    rows = []
+    for t in targets:
+        for role, phases in per.get(t, {}).items():
+            rows.append([t, role, *[_fmt(phases.get(ph, math.nan)) for ph in LOAD_PHASES]])
+    if not rows:
+        return ""
+    return "\n".join(["Broker CPU per message by role, µs (the per-target figures above are the sums):", "",
+                       _table(["target", "role", *[PHASE_LABEL[p] for p in LOAD_PHASES]], rows)])
+
+
+def rss_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    body = []
+    for r in rows:
+        per = r.get("bytes_per_msg") or {}
+        body.append([r["target"], _fmt(float(r.get("messages", math.nan)), integer=True),
+                     _fmt(float(r.get("size", math.nan)), integer=True),
+                     "; ".join(f"{k} {_fmt(float(v))}" for k, v in per.items()) or "n/a",
+                     _fmt(_get(r, "overhead_bytes_per_msg")), _fmt(_get(r, "fill_rate")),
+                     "; ".join(r.get("errors") or []) or "-"])
+    return "\n".join(["RSS per queued message (fresh queue filled right after the target started):", "",
+                       _table(["target", "messages", "body B", "RSS B/msg by role", "over the body, B/msg",
+                               "fill msg/s", "errors"], body)])
 
 
 def replicated_targets(targets: Sequence[str], kinds: dict[str, str], unreplicated: str = "ours") -> list[str]:
@@ -138,7 +196,7 @@ def replicated_targets(targets: Sequence[str], kinds: dict[str, str], unreplicat
 
 def replication_markdown(summary: dict[str, dict[str, dict[str, float]]], targets: Sequence[str],
                          kinds: dict[str, str], unreplicated: str = "ours") -> str:
-    """Replicated targets against the unreplicated broker of the same run: values, ratios, goal verdicts."""
+    """Replicated targets against the unreplicated broker of the same run: values and ratios."""
     repl = [t for t in replicated_targets(targets, kinds, unreplicated) if t in summary]
     if unreplicated not in summary or not repl:
         return ""
@@ -150,27 +208,14 @@ def replication_markdown(summary: dict[str, dict[str, dict[str, float]]], target
                      *[_fmt(stats.ratio(vals[t], vals[unreplicated])) for t in repl]])
     table = _table(["metric", *cols, *[f"{t} / {unreplicated}" for t in repl]], rows)
     return "\n".join(["Replication cost (replicated / unreplicated, same run; CPU summed over primary and backups):",
-                      "", table, "", *replication_goal_lines(summary, repl, unreplicated)])
-
-
-def replication_goal_lines(summary: dict[str, dict[str, dict[str, float]]], replicated: Sequence[str],
-                           unreplicated: str = "ours") -> list[str]:
-    out = []
-    for g in REPLICATION_GOALS:
-        base = summary.get(unreplicated, {}).get(g.metric.phase, {}).get(g.metric.key, math.nan)
-        for t in replicated:
-            v = summary.get(t, {}).get(g.metric.phase, {}).get(g.metric.key, math.nan)
-            r = stats.ratio(v, base)
-            met = (r >= g.bound) if g.metric.higher_is_better else (r <= g.bound)
-            verdict = "n/a" if math.isnan(r) else ("met" if met else "NOT met")
-            out.append(f"- Goal {g.label}: {t} {_fmt(v)} vs {_fmt(base)} -> ratio {_fmt(r)} -> {verdict}")
-    return out
+                      "", table])
 
 
 CATCHUP_COLUMNS = [("messages", "messages"), ("fill msg/s", "fill_rate"),
                    ("backup start -> ready, s", "seconds"), ("of which start-up, s", "startup_seconds"),
                    ("catch-up msg/s", "catchup_rate"), ("broker CPU µs/msg (all brokers)", "broker_us_per_msg"),
-                   ("machine busy share", "machine_busy_share"), ("queue delete afterwards, s", "delete_seconds")]
+                   ("machine busy share", "machine_busy_share"), ("queue delete afterwards, s", "delete_seconds"),
+                   ("live publisher msg/s", "publisher_rate"), ("live confirm p99, ms", "publisher_latency_ms.p99")]
 
 
 def catchup_markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -178,7 +223,8 @@ def catchup_markdown(rows: Sequence[dict[str, Any]]) -> str:
     body = [[r["target"], *[_fmt(_get(r, k), integer=k == "messages") for _, k in CATCHUP_COLUMNS],
              "; ".join(r.get("errors") or []) or "-"] for r in rows]
     return "\n".join(["Catch-up (an empty backup joins a primary holding the messages; CPU from its first "
-                      "management answer to ready):", "",
+                      "management answer to ready; live publisher: a steady publisher on a second queue of the "
+                      "primary while the backup catches up, n/a when none ran):", "",
                       _table(["target", *[label for label, _ in CATCHUP_COLUMNS], "errors"], body)])
 
 
@@ -192,18 +238,103 @@ def _loadgen_table(summary: dict[str, dict[str, dict[str, float]]], targets: Seq
     return _table(["target", "phase", *[label for label, _ in LOADGEN_KEYS]], rows)
 
 
-def goal_lines(summary: dict[str, dict[str, dict[str, float]]], kinds: dict[str, str],
-               ours: str = "ours", baseline: str = "rabbit-classic") -> list[str]:
-    """The two goals of the project, stated against the classic-queue RabbitMQ baseline."""
-    if ours not in summary or baseline not in summary:
-        return []
-    o, b = summary[ours], summary[baseline]
-    cpu_o, cpu_b = o.get("e2e", {}).get("broker_us_per_msg", math.nan), b.get("e2e", {}).get("broker_us_per_msg",
-                                                                                                  math.nan)
-    e2e_o, e2e_b = o.get("e2e", {}).get("rate", math.nan), b.get("e2e", {}).get("rate", math.nan)
-    return [
-        f"- Goal broker CPU per message (e2e) <= {baseline}: {_fmt(cpu_o)} vs {_fmt(cpu_b)} µs -> "
-        f"{'met' if cpu_o <= cpu_b else 'NOT met'} (ratio {_fmt(stats.ratio(cpu_o, cpu_b))})",
-        f"- Goal end-to-end throughput >= {baseline}: {_fmt(e2e_o)} vs {_fmt(e2e_b)} msg/s -> "
-        f"{'met' if e2e_o >= e2e_b else 'NOT met'} (ratio {_fmt(stats.ratio(e2e_o, e2e_b))})",
+@dataclass(frozen=True)
+class Verdict:
+    goal: str
+    status: str  # "met" | "NOT met" | "not measured"
+    detail: str
+
+
+def _verdict(goal: str, ok: bool | None, detail: str) -> Verdict:
+    return Verdict(goal, "not measured" if ok is None else ("met" if ok else "NOT met"), detail)
+
+
+def _val(summary: dict[str, dict[str, dict[str, float]]], target: str, phase: str, key: str) -> float:
+    v = summary.get(target, {}).get(phase, {}).get(key, math.nan)
+    return float(v)
+
+
+def _ratio_goal(goal: str, summary: dict[str, dict[str, dict[str, float]]], a: str, b: str, phase: str, key: str,
+                bound: float, at_least: bool, unit: str) -> Verdict:
+    """a's figure / b's figure against `bound` (>= when at_least, else <=); not measured if either is missing."""
+    va, vb = _val(summary, a, phase, key), _val(summary, b, phase, key)
+    r = stats.ratio(va, vb)
+    if math.isnan(r):
+        missing = [t for t, v in ((a, va), (b, vb)) if math.isnan(v)]
+        return _verdict(goal, None, f"no {phase} figure for {', '.join(missing) or 'the reference'}")
+    ok = r >= bound if at_least else r <= bound
+    return _verdict(goal, ok, f"{a} {_fmt(va)} vs {b} {_fmt(vb)} {unit} -> {_fmt(r)}x "
+                              f"({'>=' if at_least else '<='} {bound:g}x)")
+
+
+CATCHUP_GOAL_MESSAGES = 1_000_000
+CATCHUP_GOAL_SECONDS = 5.0
+RAM_GOAL_BYTES = 300.0
+
+
+def verdicts(summary: dict[str, dict[str, dict[str, float]]], hop: dict[str, Any] | None,
+             catchups: Sequence[dict[str, Any]] = (), client: str | None = None) -> list[Verdict]:
+    """The goals of "Message path v2", each met / NOT met with its numbers, or not measured in this run."""
+    out = [
+        _ratio_goal("unreplicated broker CPU/msg <= 3x proton-c-broker (publish)", summary, "ours",
+                    "proton-c-broker", "publish", "broker_us_per_msg", 3.0, False, "µs/msg"),
+        _ratio_goal("unreplicated broker CPU/msg <= 3x proton-c-broker (e2e)", summary, "ours", "proton-c-broker",
+                    "e2e", "broker_us_per_msg", 3.0, False, "µs/msg"),
+        _ratio_goal("ours e2e throughput >= 2x rabbit-classic", summary, "ours", "rabbit-classic", "e2e", "rate",
+                    2.0, True, "msg/s"),
+        _ratio_goal("ours-replicated-1 confirmed publish >= 0.9x ours", summary, "ours-replicated-1", "ours",
+                    "publish", "rate", 0.9, True, "msg/s"),
+        _ratio_goal("ours-replicated-1 broker CPU/msg, both brokers, <= 1.4x ours (publish)", summary,
+                    "ours-replicated-1", "ours", "publish", "broker_us_per_msg", 1.4, False, "µs/msg"),
+        _ratio_goal("ours-replicated-2 confirmed publish >= 0.75x ours", summary, "ours-replicated-2", "ours",
+                    "publish", "rate", 0.75, True, "msg/s"),
     ]
+    hop_us = float((hop or {}).get("hop_us", math.nan))
+    base = _val(summary, "ours", "latency", "latency_ms.p50")
+    for t in ("ours-replicated-1", "ours-replicated-2"):
+        goal = f"{t} sync p50 <= ours p50 + 4 one-way loopback hops"
+        v = _val(summary, t, "latency", "latency_ms.p50")
+        if math.isnan(v) or math.isnan(base) or math.isnan(hop_us):
+            what = "the hop" if math.isnan(hop_us) else ("ours" if math.isnan(base) else t)
+            out.append(_verdict(goal, None, f"no sync p50 / hop figure for {what}"))
+        else:
+            bound = base + 4 * hop_us / 1e3
+            out.append(_verdict(goal, v <= bound, f"{_fmt(v)} ms vs {_fmt(base)} + 4 x {_fmt(hop_us)} µs = "
+                                                  f"{bound:.3f} ms"))
+        if client == "python":
+            out.append(_ratio_goal(f"{t} sync p50 <= 1.5x ours (Python clients)", summary, t, "ours", "latency",
+                                   "latency_ms.p50", 1.5, False, "ms"))
+    out.append(_ratio_goal("ours-replicated-2 e2e >= 1.5x rabbit-quorum-3 e2e", summary, "ours-replicated-2",
+                           "rabbit-quorum-3", "e2e", "rate", 1.5, True, "msg/s"))
+    out += catchup_verdicts(catchups)
+    ram = _val(summary, "ours", "rss", "overhead_bytes_per_msg")
+    goal = f"RAM <= payload + {RAM_GOAL_BYTES:.0f} B per queued message (ours)"
+    out.append(_verdict(goal, None, "no RSS figure for ours") if math.isnan(ram) else
+               _verdict(goal, ram <= RAM_GOAL_BYTES, f"{_fmt(ram)} B over the body per message"))
+    return out
+
+
+def catchup_verdicts(catchups: Sequence[dict[str, Any]]) -> list[Verdict]:
+    goal = (f"catch-up of {CATCHUP_GOAL_MESSAGES:,} queued messages <= {CATCHUP_GOAL_SECONDS:g} s while a "
+            f"publisher runs")
+    rows = [c for c in catchups if int(c.get("messages") or 0) >= CATCHUP_GOAL_MESSAGES]
+    live = [c for c in rows if float(c.get("publisher_rate_target") or 0) > 0]
+    if not live:
+        seen = ", ".join(f"{c['target']} {int(c.get('messages') or 0):,} in {_fmt(_get(c, 'seconds'))} s"
+                         + ("" if float(c.get("publisher_rate_target") or 0) > 0 else " without publisher")
+                         for c in catchups)
+        return [_verdict(goal, None, "no 1M catch-up with a live publisher in this run"
+                                    + (f" (measured: {seen})" if seen else ""))]
+    out = []
+    for c in live:
+        sec, err = _get(c, "seconds"), c.get("errors") or []
+        ok = None if math.isnan(sec) else (sec <= CATCHUP_GOAL_SECONDS and not err)
+        out.append(_verdict(f"{c['target']}: {goal}", ok,
+                            f"ready {_fmt(sec)} s after the backup's start (start-up {_fmt(_get(c, 'startup_seconds'))}"
+                            f" s), live publisher {_fmt(_get(c, 'publisher_rate'))} msg/s"
+                            + (f"; errors: {'; '.join(err)}" if err else "")))
+    return out
+
+
+def verdict_lines(vs: Sequence[Verdict]) -> list[str]:
+    return [f"- {v.goal}: **{v.status}** — {v.detail}" for v in vs]

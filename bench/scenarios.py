@@ -5,16 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bench.ours import OursReplicated, OursStandalone
-from bench.rabbit import RabbitTarget
+from bench.protonc import ProtonCBroker
+from bench.rabbit import RabbitCluster, RabbitTarget
 from bench.targets import Target
 
 SCENARIOS: dict[str, Callable[[], Target]] = {
     "ours": OursStandalone,
-    "rabbit-classic": lambda: RabbitTarget("classic"),
-    "rabbit-quorum": lambda: RabbitTarget("quorum"),
     # replicated: primary + N backups (clients on the primary)
     "ours-replicated-1": lambda: OursReplicated(1),
     "ours-replicated-2": lambda: OursReplicated(2),
+    # the proton-C example broker: the engine-limit baseline
+    "proton-c-broker": ProtonCBroker,
+    "rabbit-classic": lambda: RabbitTarget("classic"),
+    "rabbit-quorum": lambda: RabbitTarget("quorum"),
+    # three clustered nodes, one quorum queue with 3 replicas (clients on node 1)
+    "rabbit-quorum-3": lambda: RabbitCluster(3, "quorum"),
 }
-DEFAULT = ["ours", "ours-replicated-1", "ours-replicated-2", "rabbit-classic", "rabbit-quorum"]
+DEFAULT = ["ours", "ours-replicated-1", "ours-replicated-2", "proton-c-broker", "rabbit-classic", "rabbit-quorum-3"]
 BASELINE = "rabbit-classic"
