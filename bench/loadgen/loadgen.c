@@ -5,6 +5,8 @@
  *   loadgen sync    --url HOST:PORT --address ADDR --count N ...      (one message in flight, latency per message)
  *   loadgen receive --url HOST:PORT --address ADDR [--count N] [--credit C] [--progress-ms MS] ...
  *   loadgen hop     [--count N]                                       (loopback TCP ping-pong, 1-byte messages)
+ *   loadgen encode  [--size N] [--durable]   (write the encoded message to stdout; for tests)
+ *   loadgen stamp                            (read one encoded message on stdin, print its send stamp; for tests)
  *
  * One connection, one session, one link, one thread. Every message is encoded once at start (an optional header
  * section with durable=true, then one data section of --size bytes); before each transfer the first 8 bytes of
@@ -57,7 +59,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum mode { MODE_SEND, MODE_SYNC, MODE_RECEIVE, MODE_HOP };
+enum mode { MODE_SEND, MODE_SYNC, MODE_RECEIVE, MODE_HOP, MODE_ENCODE, MODE_STAMP };
 enum barrier { BARRIER_NONE, BARRIER_STDIN, BARRIER_SIGNAL };
 enum { EXIT_OK = 0, EXIT_USAGE = 1, EXIT_CONN = 2, EXIT_GAVE_UP = 3 };
 
@@ -603,7 +605,7 @@ static void print_result(state_t *s) {
     p99 = percentile_sorted(s->lat.v, nlat, 99);
     mx = s->lat.v[nlat - 1];
   }
-  static const char *names[] = {"send", "sync", "receive", "hop"};
+  static const char *names[] = {"send", "sync", "receive", "hop", "encode", "stamp"};
   FILE *f = stdout;
   fprintf(f, "{\"mode\":\"%s\",\"address\":", names[s->o.mode]);
   json_string(f, s->o.address ? s->o.address : "");
@@ -707,11 +709,42 @@ static int run_hop(long count) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------- */
+/* encode / stamp: the message format, exposed for the unit tests */
+
+static int run_encode(const options_t *o) {
+  unsigned char *m = malloc(o->size + 32);
+  long at;
+  if (!m) return EXIT_USAGE;
+  size_t n = encode_message(m, o->size, o->durable, &at);
+  if (at >= 0) put_stamp(m + at, now_ns());
+  fwrite(m, 1, n, stdout);
+  free(m);
+  return EXIT_OK;
+}
+
+static int run_stamp(void) {
+  size_t cap = 1 << 16, n = 0;
+  unsigned char *b = malloc(cap);
+  size_t got;
+  while (b && (got = fread(b + n, 1, cap - n, stdin)) > 0) {
+    n += got;
+    if (n == cap) b = realloc(b, cap *= 2);
+  }
+  if (!b) return EXIT_USAGE;
+  uint64_t stamp;
+  if (find_stamp(b, n, &stamp)) printf("{\"stamp\":%llu,\"now\":%llu}\n", (unsigned long long)stamp,
+                                       (unsigned long long)now_ns());
+  else printf("{\"stamp\":null}\n");
+  free(b);
+  return EXIT_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------- */
 /* main */
 
 static void usage(FILE *f) {
   fputs(
-      "usage: loadgen send|sync|receive|hop [options]\n"
+      "usage: loadgen send|sync|receive|hop|encode|stamp [options]\n"
       "  --url HOST:PORT        broker address [127.0.0.1:5672]\n"
       "  --address ADDR         link target (send, sync) or source (receive)\n"
       "  --count N              messages to send / receive; 0 = until stopped [send/sync 10000, receive 0]\n"
@@ -763,6 +796,8 @@ static int parse_options(int argc, char **argv, options_t *o) {
   else if (!strcmp(m, "sync")) o->mode = MODE_SYNC;
   else if (!strcmp(m, "receive")) o->mode = MODE_RECEIVE;
   else if (!strcmp(m, "hop")) o->mode = MODE_HOP;
+  else if (!strcmp(m, "encode")) o->mode = MODE_ENCODE;
+  else if (!strcmp(m, "stamp")) o->mode = MODE_STAMP;
   else if (!strcmp(m, "-h") || !strcmp(m, "--help")) { usage(stdout); exit(0); }
   else { fprintf(stderr, "loadgen: unknown mode %s\n", m); usage(stderr); return EXIT_USAGE; }
   static const struct option longopts[] = {
@@ -815,7 +850,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
   }
   if (optind < argc) { fprintf(stderr, "loadgen: unexpected argument %s\n", argv[optind]); return EXIT_USAGE; }
   if (o->count < 0) o->count = o->mode == MODE_RECEIVE ? 0 : 10000;
-  if (o->mode != MODE_HOP && !o->address) { fprintf(stderr, "loadgen: --address is required\n"); return EXIT_USAGE; }
+  if (o->mode <= MODE_RECEIVE && !o->address) { fprintf(stderr, "loadgen: --address is required\n"); return EXIT_USAGE; }
   if (o->window < 1 || o->credit < 1 || o->size > 100000000) {
     fprintf(stderr, "loadgen: --window and --credit must be >= 1, --size <= 1e8\n");
     return EXIT_USAGE;
@@ -830,6 +865,8 @@ int main(int argc, char **argv) {
   int rc = parse_options(argc, argv, &s->o);
   if (rc) return rc;
   if (s->o.mode == MODE_HOP) return run_hop(s->o.count > 0 ? s->o.count : 10000);
+  if (s->o.mode == MODE_ENCODE) return run_encode(&s->o);
+  if (s->o.mode == MODE_STAMP) return run_stamp();
 
   struct sigaction sa = {0};
   sa.sa_flags = SA_RESTART;

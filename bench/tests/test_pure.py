@@ -73,18 +73,17 @@ def test_markdown_shows_ratio_ours_over_rabbit_and_goal_verdicts() -> None:
     runs = [_run("ours", "e2e", 6000.0, 40.0), _run("rabbit-classic", "e2e", 3000.0, 80.0)]
     kinds = {"ours": "understudy", "rabbit-classic": "rabbitmq"}
     md = report.markdown(runs, ["ours", "rabbit-classic"], kinds)
-    e2e_row = next(line for line in md.splitlines() if line.startswith("| end-to-end"))
+    e2e_row = next(line for line in md.splitlines() if line.startswith("| end-to-end, msg/s"))
     assert e2e_row.split("|")[1:-1] == [" end-to-end, msg/s ", " 6,000 ", " 3,000 ", " 2.00 "]
     assert "ours / rabbit-classic" in md
-    assert "Goal end-to-end throughput >= rabbit-classic: 6,000 vs 3,000 msg/s -> met" in md
-    assert "Goal broker CPU per message (e2e) <= rabbit-classic: 40.0 vs 80.0 µs -> met" in md
+    assert ("- ours e2e throughput >= 2x rabbit-classic: **met** — ours 6,000 vs rabbit-classic 3,000 msg/s -> "
+            "2.00x (>= 2x)") in md
 
 
 def test_goal_not_met_is_said_plainly() -> None:
     runs = [_run("ours", "e2e", 1000.0, 120.0), _run("rabbit-classic", "e2e", 3000.0, 80.0)]
     md = report.markdown(runs, ["ours", "rabbit-classic"], {"ours": "understudy", "rabbit-classic": "rabbitmq"})
-    assert "-> NOT met (ratio 1.50)" in md
-    assert "-> NOT met (ratio 0.33)" in md
+    assert "- ours e2e throughput >= 2x rabbit-classic: **NOT met** — ours 1,000 vs rabbit-classic 3,000" in md
 
 
 def test_ratio_pairs_compare_every_ours_target_with_every_rabbit_target() -> None:
@@ -94,6 +93,12 @@ def test_ratio_pairs_compare_every_ours_target_with_every_rabbit_target() -> Non
         ("ours", "rabbit-classic"), ("ours", "rabbit-quorum"),
         ("ours-replicated-1", "rabbit-classic"), ("ours-replicated-1", "rabbit-quorum")]
 
+
+def test_only_the_unreplicated_broker_is_compared_with_the_proton_c_baseline() -> None:
+    kinds = {"ours": "understudy", "ours-replicated-1": "understudy", "proton-c-broker": "proton-c",
+             "rabbit-classic": "rabbitmq"}
+    assert report.ratio_pairs(list(kinds), kinds) == [
+        ("ours", "rabbit-classic"), ("ours-replicated-1", "rabbit-classic"), ("ours", "proton-c-broker")]
 
 
 def test_collapsed_stacks_fold_lines_into_functions_and_count_self_and_total() -> None:
