@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     names = args.targets.split(",")
     loadgen = choose_loadgen(args)
     phases = args.phases.split(",")
-    hop_result = hop.measure(loadgen, args.hop_count)
+    hop_result = hop.measure(loadgen or native.try_loadgen()[0], args.hop_count)  # in C whenever it builds
     print(f"== loopback one-way hop: {hop_result['hop_us']:.1f} µs (half the median TCP round trip of 1-byte "
           f"messages, {hop_result['method']})", file=sys.stderr, flush=True)
     try:

@@ -358,6 +358,8 @@ static void pump(state_t *s) {
   if (!s->started || s->finished || s->closing) return;
   pn_link_t *l = s->link;
   int window = s->o.mode == MODE_SYNC ? 1 : s->o.window;
+  if (s->t_deadline && (s->limit == 0 || s->limit > s->sent) && now_ns() > s->t_deadline)
+    s->limit = s->sent ? s->sent : -1;
   long allowed = s->limit;
   if (s->o.rate > 0) {
     long by_rate = (long)(s->o.rate * ns_to_s(now_ns() - s->t_start)) + 1;
@@ -365,7 +367,7 @@ static void pump(state_t *s) {
   }
   while ((s->o.presettled || s->inflight < window) && (allowed == 0 || s->sent < allowed) && pn_link_credit(l) > 0) {
     if (s->t_deadline && (s->sent & 63) == 0 && now_ns() > s->t_deadline) {
-      s->limit = s->sent;
+      s->limit = s->sent ? s->sent : -1;
       break;
     }
     uint64_t tag = (uint64_t)s->sent, t = now_ns();
