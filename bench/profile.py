@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import native
 from bench.cli import RESULTS
 from bench.phases import PhaseSpec, run_phase
 from bench.scenarios import SCENARIOS
@@ -73,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--native", action="store_true", help="include native (C) frames (py-spy --native)")
+    p.add_argument("--client", choices=("c", "python"), default="c",
+                   help="load generator: c (bench/loadgen; falls back to python if it does not build) or python [c]")
     args = p.parse_args(argv)
+    loadgen = native.try_loadgen()[0] if args.client == "c" else None
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
                     with open(str(base) + f".{fmt}.log", "wb") as log:
                         rec = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
                     recorders.append((role, fmt, Path(str(base) + suffix), rec))
-            result = run_phase(target, spec)
+            result = run_phase(target, spec, loadgen=loadgen)
             for _, _, _, rec in recorders:
                 rec.send_signal(2)  # SIGINT: py-spy writes its output and exits
             for _, _, _, rec in recorders:
