@@ -189,7 +189,10 @@ def main(argv: list[str] | None = None) -> None:
                             runs.append(r)
                             print(f"   {name} {spec.name} #{rep + 1}: {r['messages']} msgs, {r['rate']:,.0f} msg/s, "
                                   f"broker {r['broker_us_per_msg']:.1f} µs/msg"
-                                  + (f", p50 {r['latency_ms']['p50']:.3f} ms" if r["latency_ms"] else "")
+                                  + (f", {'sync' if spec.name == 'latency' else 'confirm'} p50 "
+                                     f"{r['latency_ms']['p50']:.3f} ms" if r["latency_ms"] else "")
+                                  + (f", e2e p50 {r['e2e_latency_ms']['p50']:.1f} ms" if r["e2e_latency_ms"] else "")
+                                  + f", client {r['client_us_per_msg']:.1f} µs/msg"
                                   + (f", ERRORS {r['errors']}" if r["errors"] else ""), file=sys.stderr, flush=True)
                     if do_catchup and isinstance(target, OursReplicated):
                         for n in args.catchup_sizes:
