@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,16 +69,27 @@ class FastEvents:
         self.prefix = ""
         self.min_level = _LEVELS["info"]
         self.pending: list[str] = []
+        self._sec = 0
+        self._prefix = ""
 
     def configure(self, stream: TextIO, broker: str, level: str) -> None:
         self.stream = stream
         self.prefix = json.dumps(broker)
         self.min_level = _LEVELS[level]
 
+    def _ts(self) -> str:
+        """The structlog timestamp format, with the date-and-second part formatted once per second."""
+        now = time.time()
+        sec = int(now)
+        if sec != self._sec:
+            self._sec = sec
+            self._prefix = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._prefix}.{int((now - sec) * 1_000_000):06d}Z"
+
     def info(self, event: str, fields: dict[str, Any]) -> None:
         if self.stream is None or self.min_level > 20:
             return
-        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        ts = self._ts()
         body = json.dumps(fields, default=str)
         self.pending.append(
             f'{{"ts": "{ts}", "level": "info", "event": "{event}", "broker": {self.prefix}, {body[1:]}\n'

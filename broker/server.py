@@ -635,6 +635,7 @@ class Server:
             "role": role,
             "epoch": epoch,
             "seq": self.wiring.seq,
+            "loop-passes": self.engine.passes,
         }
         for ext in self.extensions:
             attrs.update(ext.attributes())

@@ -73,6 +73,7 @@ class Backup:
         self.snapshot: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self.replicators: dict[str, QueueReplicator] = {}
         self.ack_link: Any = None  # batched acknowledgements to the primary, when it offers them
+        self.binary_acks = False  # the primary reads the binary acknowledgement form
         self.pending_acks: dict[str, PositionSet] = {}  # queue -> positions applied, not yet acknowledged
         self.wiring_ready = False
         self._reconnect_task: Any = None
@@ -230,6 +231,7 @@ class Backup:
         self.mgmt_sender = self.sender("$management", "ha-mgmt")
         if props.get(P.PROP_ACKS) == P.ACKS_BATCHED and self.config.ha_batched_acks:
             self.ack_link = self.sender(P.ACKS_ADDRESS, "ha-acks")
+            self.binary_acks = props.get(P.PROP_ACKS_FORMAT) == P.BATCH_VERSION and self.config.ha_batch_bytes > 0
         self.reply_link = self.receiver(None, "ha-replies", credit=CONTROL_CREDIT, dynamic=True)
 
     def receiver(self, address: str | None, name: str, credit: int, dynamic: bool = False,
@@ -331,9 +333,12 @@ class Backup:
         link = self.ack_link
         if not self.pending_acks or link is None or link.credit <= 0 or not self.connected:
             return
-        body = {name: positions.to_wire() for name, positions in self.pending_acks.items()}
-        self.pending_acks = {}
-        raw.send_settled(link._impl, next(_tags), Message(body=body).encode())
+        acks, self.pending_acks = self.pending_acks, {}
+        if self.binary_acks:
+            data = B.encode_acks({name: positions.ranges() for name, positions in acks.items()})
+        else:
+            data = Message(body={name: positions.to_wire() for name, positions in acks.items()}).encode()
+        raw.send_settled(link._impl, next(_tags), data)
 
     def _query_wiring(self) -> None:
         for t in ("queue", "exchange", "binding"):

@@ -30,7 +30,7 @@ from broker.queue import DEAD, DequeueReason, Entry, Queue
 from broker.server import ConnectionState, Server
 from broker.wiring import WiringEvent
 from ha import protocol as P
-from ha.core.batch import BatchWriter
+from ha.core.batch import BatchWriter, is_binary_acks, parse_acks
 from ha.core.catchup import BackupCatchup, plan_catchup
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.guards import GuardBook
@@ -77,6 +77,7 @@ class Primary:
         # First position of this epoch per queue: a backup from the previous epoch may hold stale positions above.
         self.epoch_start: dict[str, int] = {}
         self.watches: dict[str, QueueWatch] = {}
+        self._replicated: dict[Queue, bool] = {}
         self.changed: list[QueueWatch] = []  # watches with news this pass
         self.to_run: set[ReplicatingSender] = set()  # senders with work this pass
         self.timed_out: list[str] = []
@@ -216,6 +217,8 @@ class Primary:
         if batch:
             link.properties = {P.LINK_BATCH: P.BATCH_VERSION}
         sender = ReplicatingSender(self, link, st, q, b, plan, batch)
+        # From here the backup acknowledges this queue's live messages in order; what it says it holds is done.
+        _release_all(self.guards.start(b.name, name, plan.snapshot_max, held))
         old = b.senders.get(name)
         if old is not None:
             old.closed = True
@@ -256,6 +259,7 @@ class Primary:
     def wiring_changed(self, ev: WiringEvent) -> None:
         if ev.type != "queue":
             return
+        self._replicated.clear()  # levels may have changed (rare: recompute lazily)
         if ev.kind == "deleted":
             w = self.watches.pop(ev.name, None)
             if w is not None:
@@ -286,6 +290,13 @@ class Primary:
                 self._check_all_ready()
 
     # ----- delayed completion -----------------------------------------------------------------------------------
+    def replicated(self, q: Queue) -> bool:
+        """Does `q` replicate its messages (level all)? Cached per queue; wiring events refresh it."""
+        r = self._replicated.get(q)
+        if r is None:
+            r = self._replicated[q] = P.queue_level(q, self.node.default_level) == "all"
+        return r
+
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
         held = False
         if self.recovery_held is not None:
@@ -293,14 +304,14 @@ class Primary:
             completion.pending += 1
             self.recovery_held.append(completion)
         if self.backups:
-            default = self.node.default_level
             if len(routed) == 1:
                 q, e = routed[0]
-                places = [(q.name, e.position)] if P.queue_level(q, default) == "all" else []
+                if self.replicated(q):
+                    held = self.guards.hold_one(completion, q.name, e.position, time.time(), len(e.data))
             else:
-                places = [(q.name, e.position) for q, e in routed if P.queue_level(q, default) == "all"]
-            if places:
-                held = self.guards.hold(completion, places, time.time(), nbytes=len(routed[0][1].data))
+                places = [(q.name, e.position) for q, e in routed if self.replicated(q)]
+                if places:
+                    held = self.guards.hold(completion, places, time.time(), nbytes=len(routed[0][1].data))
         return held
 
     def acked(self, b: RemoteBackup, queue: str, positions: PositionSet) -> None:
@@ -699,14 +710,17 @@ class AckLink(LinkHandler):
             return
         data = raw.recv(self.l, raw.delivery_pending(d))
         raw.delivery_settle(d)
-        raw.link_flow(self.l, 1)
-        m = Message()
+        raw.top_up(self.l, self.CREDIT, 0)  # in half-window steps: a flow frame per ack would wake the backup
         try:
-            m.decode(data)
-            body = m.body
-            if not isinstance(body, dict):
-                raise ValueError("body is not a map")
-            acks = {str(name): PositionSet.from_wire(ranges) for name, ranges in body.items()}
+            if is_binary_acks(data):
+                acks = {name: PositionSet.from_ranges(ranges) for name, ranges in parse_acks(data).items()}
+            else:
+                m = Message()
+                m.decode(data)
+                body = m.body
+                if not isinstance(body, dict):
+                    raise ValueError("body is not a map")
+                acks = {str(name): PositionSet.from_wire(ranges) for name, ranges in body.items()}
         except Exception as e:  # a broken peer: log it, never take the primary down
             log.error("ha.replication.error", backup=self.backup.name, description=f"bad acknowledgement: {e}")
             return

@@ -43,6 +43,7 @@ PROP_ROLE = "x-understudy-role"
 PROP_REPLICATE = "x-understudy-replicate"
 PROP_PUBLIC_URL = "x-understudy-public-url"
 PROP_ACKS = "x-understudy-acks"  # a primary that takes batched acknowledgements says ACKS_BATCHED
+PROP_ACKS_FORMAT = "x-understudy-acks-format"  # 1: the primary also reads binary acknowledgements (ha.core.batch)
 
 LINK_BATCH = "batch"  # link property of a replicating browser: the batch format version offered / accepted
 BATCH_VERSION = 1  # ha.core.batch

@@ -19,6 +19,12 @@ a position of 0, lo > hi, a message longer than the limit, a position twice in o
 Negotiation: a backup that understands version 1 attaches its replicating browser with link property
 ``batch: 1``; a primary that sends batches answers with ``batch: 1`` in its attach. Anyone else keeps the
 per-message format (see ha.protocol), so a rolling upgrade works in either order.
+
+Acknowledgements (`$ha.acks`, one transfer per pass of the backup) have a binary form too, used when the primary's
+connection properties say ``x-understudy-acks-format: 1`` (a primary reads both forms; it tells them apart by the
+first section)::
+
+    acks    = "UA" version:u8 (name-length:u16 name ranges:u32 (lo:u64 hi:u64)*)*
 """
 
 from __future__ import annotations
@@ -42,6 +48,64 @@ DEFAULT_LIMIT = 256 * 1024  # bytes of records per batch (a single larger messag
 
 Enqueue = tuple[int, int, int, int, float, bytes]  # position, level, flags, delivery count, expires (0 = none), data
 Dequeue = tuple[int, int]  # lo, hi
+
+
+_ACK_HEAD = b"UA" + bytes([VERSION])
+_RANGE = struct.Struct(">QQ")
+_NAME = struct.Struct(">H")
+_COUNT = struct.Struct(">I")
+
+
+def encode_acks(acks: dict[str, Iterable[tuple[int, int]]]) -> bytes:
+    """{queue: [(lo, hi), ...]} as one AMQP data section (the binary acknowledgement form)."""
+    parts = [b"", _ACK_HEAD]
+    for name, ranges in acks.items():
+        raw = name.encode()
+        rs = list(ranges)
+        parts.append(_NAME.pack(len(raw)) + raw + _COUNT.pack(len(rs)))
+        parts.extend(_RANGE.pack(lo, hi) for lo, hi in rs)
+    size = sum(len(p) for p in parts)
+    parts[0] = _SECTION_HEAD + size.to_bytes(4, "big")
+    return b"".join(parts)
+
+
+def is_binary_acks(payload: bytes) -> bool:
+    return payload[:4] == _SECTION_HEAD and payload[8:10] == b"UA"
+
+
+def parse_acks(payload: bytes) -> dict[str, list[tuple[int, int]]]:
+    """The binary acknowledgement form back to {queue: [(lo, hi), ...]}. Raises BatchError (nothing partial)."""
+    if not is_binary_acks(payload):
+        raise BatchError("not a binary acknowledgement")
+    end = 8 + int.from_bytes(payload[4:8], "big")
+    if end != len(payload):
+        raise BatchError("acknowledgement length does not match its section")
+    if payload[8:11] != _ACK_HEAD:
+        raise BatchError(f"acknowledgement format version {payload[10]} is not supported")
+    off = 11
+    out: dict[str, list[tuple[int, int]]] = {}
+    try:
+        while off < end:
+            (n,) = _NAME.unpack_from(payload, off)
+            off += 2
+            if off + n > end:
+                raise BatchError("acknowledgement truncated in a queue name")
+            name = payload[off : off + n].decode()
+            off += n
+            (count,) = _COUNT.unpack_from(payload, off)
+            off += 4
+            if off + 16 * count > end:
+                raise BatchError(f"acknowledgement of {name!r} truncated")
+            ranges = out.setdefault(name, [])
+            for _ in range(count):
+                lo, hi = _RANGE.unpack_from(payload, off)
+                off += 16
+                if lo == 0 or lo > hi:
+                    raise BatchError(f"acknowledgement of {name!r}: bad range {lo}..{hi}")
+                ranges.append((lo, hi))
+    except (struct.error, UnicodeDecodeError) as e:
+        raise BatchError(f"acknowledgement truncated or garbled: {e}") from None
+    return out
 
 
 class BatchWriter:

@@ -228,3 +228,92 @@ def test_junk_in_an_acknowledgement_is_ignored_not_raised() -> None:
     g.hold("d1", [("q", 1)], now=1.0)
     r = g.acked("b1", "q", [0, -3, "1", True, None, 1.0, 1])
     assert r.released == ("d1",) and r.ignored == 6
+
+
+# -- in-order acknowledgement after start() (live replication) --------------------------------------------------------
+
+
+def test_after_start_an_acknowledgement_covers_every_earlier_live_place() -> None:
+    g = book("b1")
+    g.start("b1", "q", floor=0)
+    for p in range(1, 6):
+        g.hold(f"d{p}", [("q", p)], now=float(p), nbytes=10)
+    r = g.acked("b1", "q", [4])  # the backup applied 1..4 in order; one ack says so
+    assert r.released == ("d1", "d2", "d3", "d4") and [p for p, _ in r.acked] == [1, 2, 3, 4]
+    assert g.backlog("b1") == 1 and g.in_flight("b1") == InFlight(1, 10)
+
+
+def test_catch_up_places_below_the_floor_are_released_only_exactly() -> None:
+    """Places held between the backup's connect and its browser's attach are sent by catch-up, newest first:
+    acknowledging the newest must not release the older ones."""
+    g = book("b1")
+    for p in range(1, 6):
+        g.hold(f"d{p}", [("q", p)], now=float(p))
+    g.start("b1", "q", floor=5)
+    assert g.acked("b1", "q", [5]).released == ("d5",)
+    assert g.acked("b1", "q", [3, 4]).released == ("d3", "d4")
+    g.hold("d6", [("q", 6)], now=6.0)
+    assert g.acked("b1", "q", [6]).released == ("d6",)  # live: in order
+    assert g.is_held("d1") and g.is_held("d2")
+    assert g.acked("b1", "q", [1, 2]).released == ("d1", "d2")
+
+
+def test_what_the_backup_says_it_holds_at_attach_is_released() -> None:
+    g = book("b1", "b2")
+    for p in range(1, 4):
+        g.hold(f"d{p}", [("q", p)], now=float(p))
+    assert g.start("b1", "q", floor=3, held=[2, 3, 9]) == []  # b2 still waits
+    assert g.start("b2", "q", floor=3, held=[2]) == ["d2"]
+    assert g.outstanding("b1", "q") == PositionSet([1]) and g.outstanding("b2", "q") == PositionSet([1, 3])
+
+
+def test_positions_on_a_queue_must_grow() -> None:
+    g = book("b1")
+    g.hold("d5", [("q", 5)], now=1.0)
+    with pytest.raises(ValueError, match="does not grow"):
+        g.hold("d4", [("q", 4)], now=1.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_in_order_replication_never_releases_what_was_not_applied(data: st.DataObject) -> None:
+    """A primary holds, sends in order, dequeues; each backup applies a prefix of what was sent and acknowledges
+    some subset of it that always contains its newest applied position (as the real one does, once per pass).
+    A token is released only when every backup applied (or the primary dequeued) its place, and once all is
+    applied and acknowledged nothing stays held."""
+    g: GuardBook[int] = GuardBook()
+    names = ["b1", "b2"]
+    for n in names:
+        g.add_backup(n)
+        g.start(n, "q", floor=0)
+    sent: list[int] = []
+    applied = {n: 0 for n in names}  # index into sent
+    dequeued: set[int] = set()
+    held: set[int] = set()
+    released: set[int] = set()
+    pos = 0
+    for _ in range(data.draw(st.integers(1, 60))):
+        kind = data.draw(st.sampled_from(["hold", "hold", "apply", "deq"]))
+        if kind == "hold":
+            pos += 1
+            assert g.hold(pos, [("q", pos)], now=float(pos))
+            held.add(pos)
+            sent.append(pos)
+        elif kind == "apply" and sent:
+            n = data.draw(st.sampled_from(names))
+            upto = data.draw(st.integers(applied[n], len(sent)))
+            applied[n] = upto
+            if upto:
+                window = sent[:upto]
+                acks = set(data.draw(st.lists(st.sampled_from(window), max_size=5))) | {window[-1]}
+                released |= set(g.acked(n, "q", sorted(acks)).released)
+        elif kind == "deq" and held - released:
+            p = data.draw(st.sampled_from(sorted(held - released)))
+            dequeued.add(p)
+            released |= set(g.dequeued("q", p))
+        for t in released:
+            assert t in dequeued or all(t in sent[: applied[n]] for n in names)
+    for n in names:
+        if sent:
+            released |= set(g.acked(n, "q", [sent[-1]]).released)
+    assert released == held and g.stats().places_held == 0
