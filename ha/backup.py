@@ -30,7 +30,7 @@ from broker.server import Server
 from ha import protocol as P
 from ha.core import batch as B
 from ha.core.epoch import Decision, check_peer_epoch
-from ha.core.idset import PositionSet, as_position_set
+from ha.core.idset import PositionSet
 from ha.core.membership import Membership
 from ha.core.states import HaState, Role
 
@@ -559,7 +559,7 @@ class QueueReplicator:
         self.window = backup.config.ha_flow_messages
         self.max_message = backup.config.max_message_size
         self.unflowed = 0
-        held = as_position_set(queue.positions())
+        held = PositionSet.from_ranges(queue.position_ranges())
         props: dict[str, Any] = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid}
         if backup.ack_link is not None:
             props["acks"] = P.ACKS_BATCHED

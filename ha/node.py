@@ -220,7 +220,8 @@ class HaNode(Extension):
         }
         if self.config.ha_batched_acks:
             props[P.PROP_ACKS] = P.ACKS_BATCHED
-            props[P.PROP_ACKS_FORMAT] = P.BATCH_VERSION
+            if self.config.ha_batch_bytes > 0:
+                props[P.PROP_ACKS_FORMAT] = P.BATCH_VERSION
         if self.config.ha_public_url:
             props[P.PROP_PUBLIC_URL] = self.config.ha_public_url
         return props

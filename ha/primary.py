@@ -34,7 +34,7 @@ from ha.core.batch import BatchWriter, is_binary_acks, parse_acks
 from ha.core.catchup import BackupCatchup, plan_catchup
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.guards import GuardBook
-from ha.core.idset import PositionSet, as_position_set
+from ha.core.idset import PositionSet
 from ha.core.lag import LagSampler
 from ha.core.membership import Member, Membership
 from ha.core.states import HaState, Role
@@ -45,7 +45,12 @@ if TYPE_CHECKING:
 log = get_logger("ha.primary")
 _tags = itertools.count(1)
 
-CATCHUP_BATCHES = 4  # catch-up may keep this many full batches' worth of messages unacknowledged
+# Catch-up in flight per queue: CATCHUP_BATCHES batches of at most CATCHUP_BATCH bytes. Enough to keep the backup
+# busy (it acknowledges each pass), little enough that live messages, which hold clients, wait at most a few
+# milliseconds behind old ones on the connection.
+CATCHUP_BATCHES = 3
+CATCHUP_BATCH = 256 * 1024
+CATCHUP_CHUNK = 4096  # catch-up positions taken from the plan at a time
 
 
 @dataclass(eq=False)
@@ -211,7 +216,7 @@ class Primary:
         reused_from: int | None = None
         if b.epoch < self.node.epoch:
             reused_from = self.epoch_start.get(name, 1) if b.epoch >= self.previous_epoch else 1
-        plan = plan_catchup(as_position_set(q.positions()), held, reused_from=reused_from)
+        plan = plan_catchup(PositionSet.from_ranges(q.position_ranges()), held, reused_from=reused_from)
         batch = props.get(P.LINK_BATCH) == P.BATCH_VERSION and self.config.ha_batch_bytes > 0
         link.source.address = address
         if batch:
@@ -500,13 +505,18 @@ class ReplicatingSender(LinkHandler):
         self.acks = PositionSet()  # acknowledged since the last run(): ranges, so the guards work per range
         self.inflight: deque[tuple[int, int]] = deque()  # live (position, bytes) sent and not acknowledged
         self.inflight_bytes = 0
-        self.catchup_sizes: dict[int, int] = {}  # catch-up position -> bytes, sent and not acknowledged
-        self.catchup_total = 0
+        # Catch-up batches sent and not acknowledged: [highest position, bytes], in sending order (newest first).
+        self.catchup_sent: deque[list[int]] = deque()
+        self.catchup_bytes = 0
         self.limit = primary.config.ha_batch_bytes or 0
         self.flow_bytes = primary.config.ha_flow_bytes
-        # Catch-up messages in flight: half the window per message transfer, four windows' worth in batches.
+        # Catch-up in flight: a few batches (enough to keep the backup busy, little enough that live messages of
+        # other queues, which hold clients, do not wait long behind them on the connection); per message
+        # transfer, half the window.
         window = primary.config.ha_flow_messages
-        self.catchup_window = max(1, 4 * window if batch else window // 2)
+        self.catchup_limit = min(self.limit, CATCHUP_BATCH) or 1
+        self.catchup_max_bytes = CATCHUP_BATCHES * self.catchup_limit
+        self.catchup_window = max(1, 16 * window if batch else window // 2)
         self.started = time.time()
         self.catchup_logged = False
 
@@ -519,7 +529,6 @@ class ReplicatingSender(LinkHandler):
     def take_dequeued(self, gone: PositionSet) -> None:
         if not self.qc.done and gone.min() <= self.snapshot_max:
             self.qc.dequeued(gone)
-            self._catchup_done(gone)
         self.dequeues = self.dequeues.union(gone)
 
     def acknowledged(self, positions: PositionSet) -> None:
@@ -560,8 +569,12 @@ class ReplicatingSender(LinkHandler):
     def _acked(self, acks: PositionSet) -> None:
         if not self.qc.done:
             self.qc.acked(acks)  # it tells catch-up positions from live ones itself
-        if self.catchup_sizes:
-            self._catchup_done(acks)
+        if self.catchup_sent and acks.min() <= self.snapshot_max:
+            # Applied in order, newest first: every catch-up batch down to the lowest acknowledged position is in.
+            lowest = acks.min()
+            sent = self.catchup_sent
+            while sent and sent[0][0] >= lowest:
+                self.catchup_bytes -= sent.popleft()[1]
         # The backup applies in order: an acknowledgement of p means every live transfer sent before p arrived.
         top = acks.max()
         inflight = self.inflight
@@ -569,27 +582,13 @@ class ReplicatingSender(LinkHandler):
             self.inflight_bytes -= inflight.popleft()[1]
         self.primary.acked(self.backup, self.queue.name, acks)
 
-    def _catchup_done(self, positions: PositionSet) -> None:
-        sizes = self.catchup_sizes
-        if len(positions) < len(sizes):
-            for lo, hi in positions.ranges():
-                for pos in range(lo, hi + 1):
-                    n = sizes.pop(pos, None)
-                    if n is not None:
-                        self.catchup_total -= n
-        else:
-            for pos in [p for p in sizes if p in positions]:
-                self.catchup_total -= sizes.pop(pos)
-
     def _live_room(self) -> int:
         """Bytes of live messages that may be sent now (--ha-flow-bytes in flight; one message always may)."""
         return self.flow_bytes - self.inflight_bytes if self.inflight else max(self.flow_bytes, 1)
 
     def _catchup_room(self) -> int:
-        """Catch-up messages that may be sent now. In flight at most `catchup_window` messages and a quarter of
-        --ha-flow-bytes: enough to keep catch-up streaming, little enough that live messages (which hold clients)
-        do not wait long behind old ones in the backup's input."""
-        if self.qc.done or self.catchup_total >= self.flow_bytes // 4:
+        """Catch-up messages that may be taken from the plan now (0 when its bytes in flight are at the bound)."""
+        if self.qc.done or self.catchup_bytes >= self.catchup_max_bytes:
             return 0
         return self.catchup_window - self.qc.in_flight
 
@@ -622,29 +621,49 @@ class ReplicatingSender(LinkHandler):
                 room -= n
         n = self._catchup_room()
         if n > 0:
-            entries = self.queue.entries
-            sizes = self.catchup_sizes
-            budget = self.flow_bytes // 4 - self.catchup_total
-            batch = self.qc.next_batch(n)
-            for i, pos in enumerate(batch):
-                ce = entries.get(pos)
-                if ce is None:
-                    self.qc.dequeued([pos])
-                    continue
-                if w.full:
-                    self._send(w.payload())
-                    credit -= 1
-                    w = BatchWriter(limit)
+            w = self._add_catchup(w, min(n, CATCHUP_CHUNK), credit)
+        if w:
+            self._send(w.payload())
+
+    def _add_catchup(self, w: BatchWriter, n: int, credit: int) -> BatchWriter:
+        """Pack up to `n` catch-up messages (newest first) into `w` and further batches, within the credit and
+        the bytes bound; what does not fit goes back to the plan. Returns the batch still open."""
+        batch = self.qc.next_batch(n)
+        entries = self.queue.entries
+        sent = self.catchup_sent
+        budget = self.catchup_max_bytes - self.catchup_bytes
+        gone: list[int] = []
+        top = 0  # highest catch-up position in `w`
+        in_w = 0  # catch-up bytes in `w`
+        limit = self.catchup_limit
+        for i, pos in enumerate(batch):
+            ce = entries.get(pos)
+            if ce is None:
+                gone.append(pos)
+                continue
+            if w.size >= limit:
+                if in_w:
+                    sent.append([top, in_w])
+                    self.catchup_bytes += in_w
+                    top = in_w = 0
+                self._send(w.payload())
+                credit -= 1
+                w = BatchWriter(self.limit)
                 if credit <= 0 or budget <= 0:
                     self.qc.give_back(batch[i:])  # not sent after all: next pass
                     break
-                data = ce.data
-                w.enqueue(pos, ce.level, ce.flags, ce.count, ce.expires, data)
-                sizes[pos] = len(data)
-                self.catchup_total += len(data)
-                budget -= len(data)
-        if w:
-            self._send(w.payload())
+            data = ce.data
+            w.enqueue(pos, ce.level, ce.flags, ce.count, ce.expires, data)
+            if not top:
+                top = pos
+            in_w += len(data)
+            budget -= len(data)
+        if in_w:
+            sent.append([top, in_w])
+            self.catchup_bytes += in_w
+        if gone:
+            self.qc.dequeued(gone)
+        return w
 
     def _send(self, payload: bytes) -> None:
         raw.send_settled(self.l, next(_tags), payload)

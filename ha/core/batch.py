@@ -39,6 +39,7 @@ MAGIC = b"UB"
 _HEAD = MAGIC + bytes([VERSION])
 _ENQ = struct.Struct(">cQBBIdI")
 _DEQ = struct.Struct(">cQQ")
+_ENQ_SIZE = _ENQ.size
 _SECTION = struct.Struct(">BBBBI")  # 0x00 0x53 0x75 (data section) 0xb0 (vbin32) length
 _SECTION_HEAD = b"\x00\x53\x75\xb0"
 _E = b"E"
@@ -111,14 +112,13 @@ def parse_acks(payload: bytes) -> dict[str, list[tuple[int, int]]]:
 class BatchWriter:
     """Collects records for one transfer. `full` says when the next enqueue should start a new batch."""
 
-    __slots__ = ("count", "enqueued", "limit", "parts", "size")
+    __slots__ = ("count", "limit", "parts", "size")
 
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
         self.parts: list[bytes] = [b"", _HEAD]  # parts[0]: the data-section header, filled in by payload()
         self.size = len(_HEAD)
         self.count = 0
-        self.enqueued: list[int] = []  # positions, in the order written
 
     def dequeue(self, lo: int, hi: int) -> None:
         self.parts.append(_DEQ.pack(_D, lo, hi))
@@ -133,9 +133,8 @@ class BatchWriter:
         n = len(data)
         self.parts.append(_ENQ.pack(_E, position, level, flags, count, expires or 0.0, n))
         self.parts.append(data)
-        self.size += _ENQ.size + n
+        self.size += _ENQ_SIZE + n
         self.count += 1
-        self.enqueued.append(position)
 
     @property
     def full(self) -> bool:

@@ -48,7 +48,10 @@ def _take(url: str, address: str, n: int | None, timeout: float, browse: bool) -
                 if n is None:
                     break
                 raise
-            out.append(m.body)
+            body = m.body
+            # proton gives a binary body as a memoryview into the message's C memory, which is freed with the
+            # message: keep a copy.
+            out.append(bytes(body) if isinstance(body, memoryview) else body)
             if not browse:
                 r.accept()
         return out

@@ -24,6 +24,13 @@ def free_ports(n: int) -> list[int]:
 
 
 class Cluster:
+    @classmethod
+    def of(cls, brokers: list[BrokerProcess]) -> Cluster:
+        """The helpers of a cluster over brokers made elsewhere (e.g. some from an older release)."""
+        c = cls.__new__(cls)
+        c.brokers = list(brokers)
+        return c
+
     def __init__(self, factory: BrokerFactory, n: int, extra: list[str], heartbeat: float = 1.0) -> None:
         self.factory = factory
         self.ports = free_ports(n)

@@ -1,6 +1,6 @@
 """A numbered sender or receiver that fails over across a URL list (run as a subprocess by HA tests).
 
-    python -m tests.support.numbered send --urls A,B,C --queue Q --count N --out acked.txt
+    python -m tests.support.numbered send --urls A,B,C --queue Q --count N [--first F] --out acked.txt
     python -m tests.support.numbered receive --urls A,B,C --queue Q --out received.txt [--idle 30]
 
 The sender writes each number once the broker settled it as accepted (one per line); after a failure it resends the
@@ -33,8 +33,8 @@ def connect(urls: list[str], deadline: float) -> BlockingConnection:
             time.sleep(0.05 if i % len(urls) else 0.2)
 
 
-def send(urls: list[str], queue: str, count: int, out: str, pause: float) -> int:
-    pending = list(range(1, count + 1))
+def send(urls: list[str], queue: str, count: int, out: str, pause: float, first: int = 1) -> int:
+    pending = list(range(first, first + count))
     deadline = time.monotonic() + 120
     with open(out, "a", buffering=1) as f:
         while pending:
@@ -103,6 +103,7 @@ def main() -> int:
     ap.add_argument("--urls", required=True)
     ap.add_argument("--queue", required=True)
     ap.add_argument("--count", type=int, default=1000)
+    ap.add_argument("--first", type=int, default=1, help="the first number to send")
     ap.add_argument("--out", required=True)
     ap.add_argument("--pause", type=float, default=0.0)
     ap.add_argument("--idle", type=float, default=30.0)
@@ -110,7 +111,7 @@ def main() -> int:
     a = ap.parse_args()
     urls = a.urls.split(",")
     if a.mode == "send":
-        return send(urls, a.queue, a.count, a.out, a.pause)
+        return send(urls, a.queue, a.count, a.out, a.pause, a.first)
     return receive(urls, a.queue, a.out, a.idle, a.until)
 
 

@@ -48,12 +48,13 @@ class BrokerProcess:
     """One `ha-broker` process. `args` are extra flags."""
 
     def __init__(self, workdir: Path, name: str, args: list[str] | None = None, port: int = 0,
-                 command: str = "ha-broker") -> None:
+                 command: str = "ha-broker", source: Path | None = None) -> None:
         self.workdir = workdir
         self.name = name
         self.args = list(args or [])
         self.requested_port = port
         self.command = command
+        self.source = source  # run `ha-broker` from this checkout instead (an older release, for upgrade tests)
         self.data_dir = workdir / name
         self.log_file = workdir / f"{name}.log"
         self.stderr_file = workdir / f"{name}.stderr"
@@ -66,7 +67,11 @@ class BrokerProcess:
 
     def start(self, wait: bool = True) -> BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [str(BIN / self.command), "--host", "127.0.0.1", "--port", str(self.requested_port),
+        program = [str(BIN / self.command)]
+        if self.source is not None:
+            program = [str(BIN / "python"), "-c",
+                       f"import sys; sys.path.insert(0, {str(self.source)!r}); from ha.main import main; main()"]
+        cmd = [*program, "--host", "127.0.0.1", "--port", str(self.requested_port),
                "--name", self.name, "--data-dir", str(self.data_dir), "--log-file", str(self.log_file),
                *self.args]
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
@@ -130,9 +135,9 @@ class BrokerFactory:
         self.count = 0
 
     def __call__(self, *args: str, name: str | None = None, start: bool = True, port: int = 0,
-                 command: str = "ha-broker") -> BrokerProcess:
+                 command: str = "ha-broker", source: Path | None = None) -> BrokerProcess:
         self.count += 1
-        b = BrokerProcess(self.workdir, name or f"b{self.count}", list(args), port, command)
+        b = BrokerProcess(self.workdir, name or f"b{self.count}", list(args), port, command, source)
         self.brokers.append(b)
         if start:
             b.start()

@@ -105,6 +105,7 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def lists_exactly_the_model(self) -> None:
         assert list(self.q.positions()) == sorted(self.model)
+        assert [p for lo, hi in self.q.position_ranges() for p in range(lo, hi + 1)] == sorted(self.model)
         assert self.q.depth == len(self.model)
         assert self.q.acquired_count == sum(1 for m in self.model.values() if m["state"] == ACQUIRED)
         assert self.q.bytes == sum(len(m["data"]) for m in self.model.values())
