@@ -17,7 +17,8 @@ from broker.queue import Queue
 from broker.terminus import binding_key_from_filter, node_properties
 
 if TYPE_CHECKING:
-    from broker.server import ConnectionState, Server
+    from broker.connections import ConnectionState
+    from broker.server import Server
 
 MANAGEMENT = "$management"
 EVENTS = "$events"

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from broker.connections import ConnectionState
     from broker.links import Completion, LinkHandler
     from broker.queue import Entry, Queue
-    from broker.server import ConnectionState, Server
+    from broker.server import Server
 
 
 class Extension:

@@ -19,7 +19,8 @@ from broker.message import with_delivery_header
 from broker.queue import ACQUIRED, REDELIVERED, DequeueReason, Entry, Queue
 
 if TYPE_CHECKING:
-    from broker.server import ConnectionState, Server
+    from broker.connections import ConnectionState
+    from broker.server import Server
     from broker.wiring import WiringEvent
 
 _get_drain = raw.lib.pn_link_get_drain

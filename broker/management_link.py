@@ -11,7 +11,8 @@ from broker.log import get_logger
 from broker.management import Request, Response
 
 if TYPE_CHECKING:
-    from broker.server import ConnectionState, Server
+    from broker.connections import ConnectionState
+    from broker.server import Server
 
 log = get_logger("broker")
 

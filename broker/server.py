@@ -1,36 +1,36 @@
-"""The broker: connections, routing, dispatch to consumers and settlement, on the engine's event loop.
+"""The broker: its lifecycle, the end of each event-loop pass, and settlement, on the engine's event loop.
 
 Everything runs on the loop thread. A pass of the loop first hands each link its deliveries (publishers route and
 enqueue as they read), then calls `quiesce` once: dispatch to consumers of the queues that changed, settle the
 client deliveries nobody holds any more, run the links that asked for it, and let the extensions (HA) batch what
 the pass gathered. The engine writes every connection's output right after.
+
+Parts: broker.connections (the rare events of accepted connections: opens, attaches, closes), broker.router (where
+messages go), broker.links (the hot path of each link), broker.extension (what the HA layer plugs in).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from proton import Condition, Endpoint, Link, Message, Terminus
+from proton import Condition, Endpoint
 
 from broker import __version__
 from broker.attach import Attacher
-from broker.auth import SaslSetup, User
-from broker.client import KIND_PROPERTY  # connection property: client | admin | ha
+from broker.auth import User
 from broker.config import BrokerConfig
-from broker.engine import Conn, Engine, raw
-from broker.errors import LinkError, NoRoute, QueueFull, Refusal, WiringError
+from broker.connections import Connections, ConnectionState
+from broker.engine import Engine
 from broker.extension import Extension
 from broker.links import Completion, ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
-from broker.message import current_properties, current_subject, current_to, decode
 from broker.queue import Queue
+from broker.router import Router
 from broker.wiring import Wiring, WiringEvent
 
 log = get_logger("broker")
@@ -39,52 +39,6 @@ FAST_LOG_FLUSH = 0.2  # seconds between writes of batched event lines (lag sampl
 FENCE_RETRY = 0.05  # seconds between retries of settlements an extension holds back (may_settle)
 
 _conn_ids = itertools.count(1)
-
-
-@dataclass(eq=False)
-class ConnectionState:
-    conn: Conn
-    id: int = field(default_factory=lambda: next(_conn_ids))
-    remote: str = ""
-    user: str | None = None
-    admin: bool = False
-    kind: str = "client"
-    properties: dict[Any, Any] = field(default_factory=dict)
-    links: set[LinkHandler] = field(default_factory=set)
-    unsettled_returned: int = 0
-    refused: bool = False
-
-    @property
-    def connection(self) -> Any:
-        return self.conn.connection
-
-
-F = TypeVar("F", bound=Callable[..., None])
-
-
-def guarded(fn: F) -> F:
-    """A bug in one event must not take the broker down: log it, close the link or connection involved."""
-
-    @functools.wraps(fn)
-    def wrapper(self: Server, event: Any) -> None:
-        try:
-            fn(self, event)
-        except Exception as e:
-            log.error("broker.error", where=fn.__name__, exc_info=True)
-            cond = Condition("amqp:internal-error", f"{type(e).__name__}: {e}")
-            link = getattr(event, "link", None)
-            try:
-                if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
-                    self._link_gone(link)
-                    link.condition = cond
-                    link.close()
-                elif event.connection is not None and event.connection.state & Endpoint.LOCAL_ACTIVE:
-                    event.connection.condition = cond
-                    event.connection.close()
-            except Exception:
-                log.error("broker.error", where="cleanup", exc_info=True)
-
-    return wrapper  # type: ignore[return-value]
 
 
 class Server:
@@ -99,12 +53,9 @@ class Server:
         self.engine = Engine(broker_id)
         self.engine.on_pass = self.quiesce
         self.engine.on_failure = self._handler_failed
-        self.attacher = Attacher(self)
         self.extensions: list[Extension] = []
         self.port: int | None = None
         self.sasl_dir: Path | None = None
-        self.conns: dict[Any, ConnectionState] = {}  # pn_connection_t* -> state
-        self.links: dict[Any, LinkHandler] = {}  # pn_link_t* -> handler
         self.consumers: dict[Queue, list[ConsumerLink]] = {}
         self.events_links: set[EventsLink] = set()
         self.dirty: set[Queue] = set()
@@ -120,6 +71,15 @@ class Server:
         self._settled_as: tuple[str, int] = ("standalone", 0)
         self._msg_reject_log: dict[int, float] = {}
         self._stopping = False
+        self.attacher = Attacher(self)
+        self.connections = Connections(self)
+        self.router = Router(self)
+        # The hot path calls these through the server: bound once.
+        self.route = self.router.route
+        self.dead_letter = self.router.dead_letter
+        self.dispatch = self.router.dispatch
+        self.deliver_reply = self.router.deliver_reply
+        self.close_link = self.connections.close_link
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
     def add_extension(self, ext: Extension) -> None:
@@ -127,7 +87,7 @@ class Server:
 
     def start(self) -> None:
         """Listen (raises OSError when the address is taken) and tell the extensions."""
-        self.port = self.engine.listen(self.config.host, self.config.port, self._accepted)
+        self.port = self.engine.listen(self.config.host, self.config.port, self.connections.accepted)
         self.schedule(1.0, self._tick)
         self.schedule(FAST_LOG_FLUSH, self._flush_fast_log)
         log.info(
@@ -184,7 +144,7 @@ class Server:
         for ext in self.extensions:
             ext.stopping()
         self.engine.close_listeners()
-        for st in list(self.conns.values()):
+        for st in self.connections.states():
             c = st.connection
             if c.state & Endpoint.LOCAL_ACTIVE:
                 c.condition = Condition("amqp:connection:forced", f"broker shutting down ({reason})")
@@ -234,172 +194,6 @@ class Server:
             except Exception:
                 log.error("broker.error", where="cleanup", exc_info=True)
 
-    # ----- connections ------------------------------------------------------------------------------------------
-    def _accepted(self, conn: Conn) -> Server:
-        """A new socket: set up SASL before the first byte is read. This server handles its events."""
-        sasl = conn.transport.sasl()
-        sasl.allow_insecure_mechs = True
-        if self.sasl_dir is not None:
-            sasl.config_path(str(self.sasl_dir))
-            sasl.config_name(SaslSetup.CONFIG_NAME)
-        sasl.allowed_mechs(" ".join(self.config.sasl_mechanisms))
-        return self
-
-    @guarded
-    def on_connection_remote_open(self, event: Any) -> None:
-        c = event.connection
-        conn = self.engine.conn_of(c)
-        if conn is None or c._impl in self.conns:
-            return
-        st = ConnectionState(conn)
-        conn.state = st
-        st.remote = conn.remote
-        st.user = event.transport.user if event.transport else None
-        props = c.remote_properties or {}
-        st.properties = dict(props)
-        kind = props.get(KIND_PROPERTY, "client")
-        st.kind = kind if kind in ("client", "admin", "ha") else "client"
-        st.admin = self._is_admin(st.user)
-        if st.kind == "ha" and self.config.ha_cluster:
-            # Only replication connections are declared dead after two silent heartbeats; a client that is
-            # busy in its own code for a while must not lose its connection.
-            event.transport.idle_timeout = self.config.ha_heartbeat * 2
-        self.conns[c._impl] = st
-        c.offered_capabilities = ["ANONYMOUS-RELAY"]
-        props_out: dict[str, Any] = {"product": "understudy", "version": __version__, "x-understudy-broker": self.id}
-        for ext in self.extensions:
-            props_out.update(ext.connection_properties())
-        c.properties = props_out
-        try:
-            for ext in self.extensions:
-                ext.admit(st)
-        except Refusal as r:
-            st.refused = True
-            c.condition = Condition(r.condition, r.description, r.info)  # type: ignore[arg-type]
-            c.open()
-            c.close()
-            log.warning("connection.refused", remote=st.remote, condition=r.condition, description=r.description)
-            return
-        c.open()
-        log.info("connection.opened", connection=st.id, remote=st.remote, user=st.user, kind=st.kind)
-
-    def _is_admin(self, user: str | None) -> bool:
-        if not self.users:
-            return True
-        if user is not None and user == self.config.ha_username:
-            return True
-        u = self.users.get(user or "")
-        return bool(u and u.admin)
-
-    @guarded
-    def on_session_remote_open(self, event: Any) -> None:
-        if event.connection._impl in self.conns:
-            event.session.open()
-
-    @guarded
-    def on_session_remote_close(self, event: Any) -> None:
-        if event.connection._impl in self.conns:
-            ssn = event.session
-            for h in list(self.links.values()):
-                if h.link.session == ssn:
-                    self._link_gone(h.link)
-            ssn.close()
-
-    @guarded
-    def on_connection_remote_close(self, event: Any) -> None:
-        c = event.connection
-        if c._impl in self.conns:
-            self._connection_gone(c)
-            c.close()
-
-    @guarded
-    def on_transport_error(self, event: Any) -> None:
-        # Failed logins end here, before any connection opens: say so (the client only sees its own error).
-        c, t = event.connection, event.transport
-        cond = t.condition if t is not None else None
-        if cond is not None and cond.name == "amqp:unauthorized-access" and c is not None \
-                and c._impl not in self.conns:
-            conn = self.engine.conn_of(c)
-            log.warning("connection.refused", remote=conn.remote if conn else "", condition=cond.name,
-                        description=cond.description, user=t.user if t is not None else None)
-
-    @guarded
-    def on_transport_closed(self, event: Any) -> None:
-        c = event.connection
-        if c is not None and c._impl in self.conns:
-            self._connection_gone(c)
-
-    def _connection_gone(self, c: Any) -> None:
-        st = self.conns.pop(c._impl, None)
-        if st is None:
-            return
-        for h in [h for h in self.links.values() if h.conn is st]:
-            self._link_gone(h.link)
-        for ext in self.extensions:
-            ext.connection_closed(st)
-        if not st.refused:
-            err = c.remote_condition.name if c.remote_condition else None
-            log.info("connection.closed", connection=st.id, error=err, unsettled_returned=st.unsettled_returned)
-
-    # ----- links ------------------------------------------------------------------------------------------------
-    @guarded
-    def on_link_remote_open(self, event: Any) -> None:
-        link = event.link
-        st = self.conns.get(event.connection._impl)
-        if st is None or link._impl in self.links:
-            return
-        try:
-            handler = self.attacher.attach(link, st)
-        except (LinkError, WiringError) as e:
-            self._refuse_link(link, st, e.condition, e.description)
-            return
-        self.links[link._impl] = handler
-        self.engine.add_fast(link, handler)
-        st.links.add(handler)
-        if link.state & Endpoint.LOCAL_UNINIT:
-            link.open()
-        if isinstance(handler, PublisherLink):
-            handler.top_up()
-        handler.on_flow()
-
-    def _refuse_link(self, link: Link, st: ConnectionState, condition: str, description: str) -> None:
-        addr = (link.remote_target if link.is_receiver else link.remote_source).address
-        log.warning("link.refused", connection=st.id, address=addr, condition=condition, description=description)
-        # Attach with a null terminus then detach with the error, as the spec asks.
-        if link.is_receiver:
-            link.target.type = Terminus.UNSPECIFIED
-        else:
-            link.source.type = Terminus.UNSPECIFIED
-        link.open()
-        link.condition = Condition(condition, description)
-        link.close()
-
-    @guarded
-    def on_link_remote_close(self, event: Any) -> None:
-        self._remote_detach(event.link)
-
-    @guarded
-    def on_link_remote_detach(self, event: Any) -> None:
-        self._remote_detach(event.link)
-
-    def _remote_detach(self, link: Link) -> None:
-        if link._impl in self.links:
-            self._link_gone(link)
-        if link.state & Endpoint.LOCAL_ACTIVE and link.connection._impl in self.conns:
-            link.close()
-
-    def _link_gone(self, link: Link) -> None:
-        h = self.links.pop(link._impl, None)
-        self.engine.remove_fast(link)
-        if h is None or h.closed:
-            return
-        h.closed = True
-        h.conn.links.discard(h)
-        self.woken.discard(h)
-        h.on_detached()
-        if isinstance(h, ConsumerLink):
-            self.attacher.consumer_gone(h)
-
     def auto_delete_now(self, q: Queue) -> None:
         if self.auto_delete_timers.get(q, 1e18) <= time.time() and q.consumer_count == 0 and not q.deleted:
             del self.auto_delete_timers[q]
@@ -409,11 +203,9 @@ class Server:
         if self.wiring.queues.get(q.name) is q:
             self.wiring.delete_queue(q.name)
 
-    def close_link(self, link: Link, condition: str, description: str) -> None:
-        self._link_gone(link)
-        if link.state & Endpoint.LOCAL_ACTIVE:
-            link.condition = Condition(condition, description)
-            link.close()
+    @property
+    def conns(self) -> dict[Any, ConnectionState]:
+        return self.connections.conns
 
     # ----- wiring events ----------------------------------------------------------------------------------------
     def wiring_changed(self, event: WiringEvent) -> None:
@@ -435,71 +227,6 @@ class Server:
                 self.dirty.discard(q)
         for h in list(self.events_links):
             h.push(event)
-
-    # ----- message flow -----------------------------------------------------------------------------------------
-    def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
-        ex = self.wiring.exchanges[exchange]
-        names = ex.route(subject)
-        if names:
-            ex.routed += 1
-        else:
-            ex.unrouted += 1
-        qs = self.wiring.queues
-        return [qs[n] for n in names if n in qs]
-
-    def route(self, pub: PublisherLink, d: Any, data: bytes) -> None:
-        """Route one received message (raises MessageRefused), then settle it or hold it for the extensions."""
-        meta = decode(data)
-        address = pub.address
-        if address is None:
-            address = current_to()
-            if not address:
-                raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
-        q = self.wiring.queues.get(address)
-        if q is not None:
-            targets: list[Queue] = [q]
-        elif address in self.wiring.exchanges:
-            targets = self.route_exchange(address, current_subject())
-        else:
-            raise NoRoute("amqp:not-found", f"no queue or exchange named {address!r}")
-        size = len(data)
-        for q in targets:
-            if not q.has_room(size):
-                raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)")
-        routed = []
-        consumers = self.consumers
-        for q in targets:
-            key = None
-            lvq = q.options.lvq_key
-            if lvq is not None:
-                props = current_properties()
-                key = props.get(lvq) if props else None
-            routed.append((q, q.enqueue(data, meta.priority, meta.expires, meta.durable, key)))
-            if q in consumers:
-                self.dirty.add(q)
-        if raw.delivery_settled(d):  # pre-settled by the sender: at most once, nothing to hold
-            pub.unsettled -= 1
-            raw.delivery_settle(d)
-            self.woken.add(pub)
-            return
-        c = Completion(pub, d)
-        if routed and self.extensions:
-            for ext in self.extensions:
-                if ext.hold(c, routed):
-                    c.pending += 1
-        c.release()
-
-    def dead_letter(self, q: Queue, data: bytes) -> None:
-        """A message `q`'s consumer rejected goes to the queue's alternate exchange, if it has one."""
-        alt = q.options.alternate_exchange
-        if alt is None or alt not in self.wiring.exchanges or not data:
-            return
-        meta = decode(data, trusted=True)
-        for target in self.route_exchange(alt, current_subject()):
-            if target is not q and target.has_room(len(data)):
-                target.enqueue(data, meta.priority, meta.expires, meta.durable)
-                if target in self.consumers:
-                    self.dirty.add(target)
 
     def wake_queue(self, q: Queue) -> None:
         self.dirty.add(q)
@@ -585,40 +312,6 @@ class Server:
                                          "last_ts": self._settled_last, "epoch": epoch, "role": role})
             self._settled_count = 0
 
-    def dispatch(self, q: Queue) -> None:
-        consumers = self.consumers.get(q)
-        if not consumers:
-            return
-        credit = raw.link_credit
-        movers = [c for c in consumers if not c.browse and credit(c.l) > 0]
-        if movers and q.has_available():
-            # Round robin, starting after whoever got the first message last time.
-            i = 0
-            while movers:
-                c = movers[i % len(movers)]
-                e = q.acquire_next(skip=c.undeliverable) if c.undeliverable else q.acquire_next()
-                if e is None:
-                    if c.undeliverable and q.has_available():
-                        movers.remove(c)
-                        continue
-                    break
-                c.send(e)
-                if credit(c.l) <= 0:
-                    movers.remove(c)
-                else:
-                    i += 1
-            consumers.append(consumers.pop(0))
-        for b in consumers:
-            if b.browse:
-                while credit(b.l) > 0:
-                    e = q.browse_after(b.cursor)
-                    if e is None:
-                        break
-                    b.cursor = e.position
-                    b.send(e)
-        for c in consumers:
-            c.drain_if_asked()
-
     # ----- management -------------------------------------------------------------------------------------------
     def broker_attributes(self) -> dict[str, Any]:
         role, epoch = self.role_epoch()
@@ -629,7 +322,7 @@ class Server:
             "version": __version__,
             "address": f"{self.config.host}:{self.port}",
             "uptime": round(time.time() - self.started, 3),
-            "connections": len(self.conns),
+            "connections": len(self.connections),
             "queues": len(self.wiring.queues),
             "exchanges": len(self.wiring.exchanges),
             "role": role,
@@ -640,21 +333,6 @@ class Server:
         for ext in self.extensions:
             attrs.update(ext.attributes())
         return attrs
-
-    def deliver_reply(self, reply_to: str, msg: Message, conn: ConnectionState | None = None) -> bool:
-        """Put a reply on the queue named `reply_to` (dynamic reply queues are ordinary temporary queues)."""
-        q = self.wiring.queues.get(reply_to)
-        if q is None:
-            return False
-        data = bytes(msg.encode())
-        meta = decode(data, trusted=True)
-        try:
-            q.enqueue(data, meta.priority, meta.expires, meta.durable)
-        except QueueFull:
-            return False
-        if q in self.consumers:
-            self.dirty.add(q)
-        return True
 
     # ----- logging helpers (rate limited; never per message) ----------------------------------------------------
     def log_link_refused(self, h: LinkHandler, condition: str, description: str) -> None:

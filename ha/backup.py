@@ -17,15 +17,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cproton import pn_delivery_tag
-from proton import Condition, Endpoint, Message
+from proton import Endpoint, Message
 
 from broker.engine import Conn, raw
-from broker.errors import BatchError, MalformedMessage, WiringError
+from broker.errors import WiringError
 from broker.log import get_logger
-from broker.message import decode
 from broker.options import QUEUE_ARGUMENTS, QueueOptions, normalize
-from broker.queue import DequeueReason, Queue
+from broker.queue import Queue
 from broker.server import Server
 from ha import protocol as P
 from ha.core import batch as B
@@ -33,6 +31,7 @@ from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.idset import PositionSet
 from ha.core.membership import Membership
 from ha.core.states import HaState, Role
+from ha.replica import QueueReplicator
 
 if TYPE_CHECKING:
     from ha.node import HaNode
@@ -544,150 +543,3 @@ class Backup:
             self.node.set_state(HaState.READY, f"caught up with {self.primary_name}")
 
 
-class QueueReplicator:
-    """The backup end of a replicating browser for one queue: apply what the primary sends, then acknowledge.
-
-    Its transfers arrive on the event loop's hot path (`on_delivery` with a raw delivery); its attach and detach on
-    the rare-event path (`on_link_remote_open`/`close`).
-    """
-
-    def __init__(self, backup: Backup, queue: Queue) -> None:
-        self.backup = backup
-        self.queue = queue
-        self.closed = False
-        self.batch = False  # the primary answered the attach with the batch format
-        self.window = backup.config.ha_flow_messages
-        self.max_message = backup.config.max_message_size
-        self.unflowed = 0
-        held = PositionSet.from_ranges(queue.position_ranges())
-        props: dict[str, Any] = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid}
-        if backup.ack_link is not None:
-            props["acks"] = P.ACKS_BATCHED
-            if backup.config.ha_batch_bytes > 0:
-                props[P.LINK_BATCH] = P.BATCH_VERSION
-        self.link = backup.receiver(P.QUEUE_PREFIX + queue.name, f"ha-q-{queue.name}", credit=self.window,
-                                    properties=props)
-        self.l = self.link._impl
-        engine = backup.server.engine
-        engine.add_fast(self.link, self)
-        engine.set_link_handler(self.link, self)
-
-    def close(self) -> None:
-        self.closed = True
-        self.backup.server.engine.remove_fast(self.link)
-        if self.link.state & Endpoint.LOCAL_ACTIVE:
-            self.link.close()
-
-    def on_flow(self) -> None:
-        pass
-
-    def on_link_remote_open(self, event: Any) -> None:
-        props = event.link.remote_properties or {}
-        self.batch = props.get(P.LINK_BATCH) == P.BATCH_VERSION
-
-    def on_delivery(self, d: Any) -> None:
-        if raw.delivery_partial(d):
-            return
-        link = self.l
-        data = raw.recv(link, raw.delivery_pending(d))
-        if self.closed:
-            raw.delivery_settle(d)
-            return
-        try:
-            if self.batch:
-                self._apply_batch(data)
-            else:
-                self._apply_message(d, data)
-        except BatchError as e:
-            # Nothing of this batch was applied. Closing the link makes the primary forget this browser; we
-            # attach again with what we hold, and it sends what is missing (nothing lost, nothing twice).
-            log.error("ha.replication.error", queue=self.queue.name, description=str(e))
-            raw.delivery_settle(d)
-            self._fail("amqp:decode-error", str(e))
-            return
-        # Pre-settled (acknowledged on $ha.acks) or not: settle. For a primary without $ha.acks the settlement is the
-        # acknowledgement; an outcome would only cost a disposition update.
-        raw.delivery_settle(d)
-        self.unflowed += 1
-        if self.unflowed >= max(1, self.window // 2):
-            raw.link_flow(link, self.unflowed)
-            self.unflowed = 0
-
-    def _apply_batch(self, data: bytes) -> None:
-        records = B.parse(data, self.max_message)
-        q = self.queue
-        if q.deleted:
-            return
-        entries = q.entries
-        applied: list[int] = []
-        for r in records:
-            if len(r) == 2:
-                q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc]
-            else:
-                pos, level, flags, count, expires, body = r  # type: ignore[misc]
-                if pos not in entries:
-                    q.enqueue_replica(pos, body, level, flags, count, expires)
-                applied.append(pos)
-        if applied:
-            self.backup.acked(q.name, applied)
-
-    def _apply_message(self, d: Any, data: bytes) -> None:
-        """The per-message format: the tag says what the transfer is (ha.protocol)."""
-        tag = pn_delivery_tag(d)
-        if isinstance(tag, bytes):
-            tag = tag.decode("ascii", "replace")
-        kind, rest = tag[:1], tag[1:]
-        q = self.queue
-        if kind in (P.TAG_LIVE, P.TAG_CATCHUP):
-            if not rest.isdigit() or int(rest) < 1:
-                raise BatchError(f"bad replication tag {tag!r}")
-            pos = int(rest)
-            if pos not in q.entries and not q.deleted:
-                try:
-                    meta = decode(data, trusted=True)
-                except MalformedMessage as e:
-                    log.error("ha.replication.error", queue=q.name, position=pos, description=str(e))
-                    return
-                q.enqueue(data, meta.priority, meta.expires, meta.durable, position=pos, replicated=True)
-            if raw.delivery_settled(d):  # pre-settled by the primary: acknowledged in the next batch on $ha.acks
-                self.backup.acked(q.name, [pos])
-        elif kind == P.TAG_DEQUEUE:
-            m = Message()
-            try:
-                m.decode(data)
-                gone = PositionSet.from_wire(m.body or [])
-            except (ValueError, Exception) as e:
-                log.error("ha.replication.error", queue=q.name, description=f"bad dequeue ranges: {e}")
-                return
-            for lo, hi in gone.ranges():
-                q.dequeue_range(lo, hi, DequeueReason.REPLICATED)
-
-    def _fail(self, condition: str, description: str) -> None:
-        self.close_with(condition, description)
-        if self.backup.replicators.get(self.queue.name) is self:
-            del self.backup.replicators[self.queue.name]
-            self.backup.server.schedule(0.5, lambda: self.backup._maybe_replicate(self.queue))
-
-    def close_with(self, condition: str, description: str) -> None:
-        self.closed = True
-        self.backup.server.engine.remove_fast(self.link)
-        if self.link.state & Endpoint.LOCAL_ACTIVE:
-            self.link.condition = Condition(condition, description)
-            self.link.close()
-
-    def on_link_remote_close(self, event: Any) -> None:
-        cond = event.link.remote_condition
-        if not self.closed:
-            log.warning("ha.replication.closed", queue=self.queue.name, condition=cond.name if cond else None,
-                        description=cond.description if cond else None)
-        self.closed = True
-        self.backup.server.engine.remove_fast(self.link)
-        if event.link.state & Endpoint.LOCAL_ACTIVE:
-            event.link.close()
-        if self.backup.replicators.get(self.queue.name) is self:
-            del self.backup.replicators[self.queue.name]
-            # A recreated queue (uuid changed) is picked up again by the wiring events; retry others shortly.
-            if cond is not None and cond.name != "amqp:not-found" and cond.name != "amqp:precondition-failed":
-                self.backup.server.schedule(0.5, lambda: self.backup._maybe_replicate(self.queue))
-
-    on_link_remote_detach = on_link_remote_close

@@ -14,6 +14,7 @@ from typing import Any
 from proton import Message
 
 from broker.config import BrokerConfig, Coordinator
+from broker.connections import ConnectionState
 from broker.errors import Refusal
 from broker.extension import Extension
 from broker.links import Completion, LinkHandler
@@ -22,7 +23,7 @@ from broker.management import Request, Response
 from broker.message import properties_of
 from broker.options import REPLICATE_KEY, REPLICATE_VALUES
 from broker.queue import Entry, Queue
-from broker.server import ConnectionState, Server
+from broker.server import Server
 from ha import protocol as P
 from ha.backup import Backup
 from ha.coordinated import CoordinatedRole

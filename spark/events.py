@@ -57,6 +57,7 @@ BROKER_EVENTS: Final = frozenset(
         "management.request",
         "queue.expired",
         "client.settled",
+        "connection.accept_failed",
     }
 )
 HA_EVENTS: Final = frozenset(

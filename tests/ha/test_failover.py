@@ -135,7 +135,8 @@ def test_promotion_refused_in_catchup_and_allowed_with_force(cluster: Make) -> N
     from tests.support.bulk import fill
 
     c = cluster(2)
-    c[1].args += ["--ha-flow-messages", "1"]  # one catch-up message at a time: catch-up takes seconds
+    # One transfer in flight, one message per transfer (the per-message format): catch-up takes seconds.
+    c[1].args += ["--ha-flow-messages", "1", "--ha-batch-bytes", "0"]
     c.start(0)
     c.promote(0)
     with mgmt(c[0].url) as m:

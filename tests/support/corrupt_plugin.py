@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import ha.primary
+import ha.replicating
 from broker.management import Request, Response
 from broker.server import Server
 
@@ -45,9 +45,9 @@ def _damage(payload: bytes, how: str) -> bytes:
 
 def install(server: Server) -> None:
     armed: dict[str, Any] = {"how": None, "done": 0}
-    original = ha.primary.ReplicatingSender._send
+    original = ha.replicating.ReplicatingSender._send
 
-    def send(self: ha.primary.ReplicatingSender, payload: bytes) -> None:
+    def send(self: ha.replicating.ReplicatingSender, payload: bytes) -> None:
         how = armed["how"]
         if how is not None and payload[8:10] == b"UB" and payload[_HEAD : _HEAD + 1] == b"E":
             armed["how"] = None
@@ -55,7 +55,7 @@ def install(server: Server) -> None:
             payload = _damage(payload, how)
         original(self, payload)
 
-    ha.primary.ReplicatingSender._send = send  # type: ignore[method-assign]
+    ha.replicating.ReplicatingSender._send = send  # type: ignore[method-assign]
 
     def arm(req: Request) -> Response:
         body = req.body if isinstance(req.body, dict) else {}

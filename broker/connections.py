@@ -1,0 +1,261 @@
+"""The broker's connections: the handler of every accepted connection's rare events (open, sessions, link attach
+and detach, close, transport errors), and each connection's state. The hot path (a link's deliveries and credit)
+does not come here: the engine hands it straight to the link's handler (broker.links)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from proton import Condition, Endpoint, Link, Terminus
+
+from broker import __version__
+from broker.auth import SaslSetup
+from broker.client import KIND_PROPERTY  # connection property: client | admin | ha
+from broker.engine import Conn
+from broker.errors import LinkError, Refusal, WiringError
+from broker.links import ConsumerLink, LinkHandler, PublisherLink
+from broker.log import get_logger
+
+if TYPE_CHECKING:
+    from broker.server import Server
+
+log = get_logger("broker")
+
+_conn_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class ConnectionState:
+    conn: Conn
+    id: int = field(default_factory=lambda: next(_conn_ids))
+    remote: str = ""
+    user: str | None = None
+    admin: bool = False
+    kind: str = "client"
+    properties: dict[Any, Any] = field(default_factory=dict)
+    links: set[LinkHandler] = field(default_factory=set)
+    unsettled_returned: int = 0
+    refused: bool = False
+
+    @property
+    def connection(self) -> Any:
+        return self.conn.connection
+
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def guarded(fn: F) -> F:
+    """A bug in one event must not take the broker down: log it, close the link or connection involved."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Connections, event: Any) -> None:
+        try:
+            fn(self, event)
+        except Exception as e:
+            log.error("broker.error", where=fn.__name__, exc_info=True)
+            cond = Condition("amqp:internal-error", f"{type(e).__name__}: {e}")
+            link = getattr(event, "link", None)
+            try:
+                if link is not None and link.state & Endpoint.LOCAL_ACTIVE:
+                    self.link_gone(link)
+                    link.condition = cond
+                    link.close()
+                elif event.connection is not None and event.connection.state & Endpoint.LOCAL_ACTIVE:
+                    event.connection.condition = cond
+                    event.connection.close()
+            except Exception:
+                log.error("broker.error", where="cleanup", exc_info=True)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Connections:
+    """Every accepted connection and the links attached on them."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.conns: dict[Any, ConnectionState] = {}  # pn_connection_t* -> state
+        self.links: dict[Any, LinkHandler] = {}  # pn_link_t* -> handler
+
+    def __len__(self) -> int:
+        return len(self.conns)
+
+    def states(self) -> list[ConnectionState]:
+        return list(self.conns.values())
+
+    def accepted(self, conn: Conn) -> Connections:
+        """A new socket: set up SASL before the first byte is read. This server handles its events."""
+        sasl = conn.transport.sasl()
+        sasl.allow_insecure_mechs = True
+        if self.server.sasl_dir is not None:
+            sasl.config_path(str(self.server.sasl_dir))
+            sasl.config_name(SaslSetup.CONFIG_NAME)
+        sasl.allowed_mechs(" ".join(self.server.config.sasl_mechanisms))
+        return self
+
+    @guarded
+    def on_connection_remote_open(self, event: Any) -> None:
+        c = event.connection
+        conn = self.server.engine.conn_of(c)
+        if conn is None or c._impl in self.conns:
+            return
+        st = ConnectionState(conn)
+        conn.state = st
+        st.remote = conn.remote
+        st.user = event.transport.user if event.transport else None
+        props = c.remote_properties or {}
+        st.properties = dict(props)
+        kind = props.get(KIND_PROPERTY, "client")
+        st.kind = kind if kind in ("client", "admin", "ha") else "client"
+        st.admin = self._is_admin(st.user)
+        if st.kind == "ha" and self.server.config.ha_cluster:
+            # Only replication connections are declared dead after two silent heartbeats; a client that is
+            # busy in its own code for a while must not lose its connection.
+            event.transport.idle_timeout = self.server.config.ha_heartbeat * 2
+        self.conns[c._impl] = st
+        c.offered_capabilities = ["ANONYMOUS-RELAY"]
+        props_out: dict[str, Any] = {"product": "understudy", "version": __version__, "x-understudy-broker": self.server.id}
+        for ext in self.server.extensions:
+            props_out.update(ext.connection_properties())
+        c.properties = props_out
+        try:
+            for ext in self.server.extensions:
+                ext.admit(st)
+        except Refusal as r:
+            st.refused = True
+            c.condition = Condition(r.condition, r.description, r.info)  # type: ignore[arg-type]
+            c.open()
+            c.close()
+            log.warning("connection.refused", remote=st.remote, condition=r.condition, description=r.description)
+            return
+        c.open()
+        log.info("connection.opened", connection=st.id, remote=st.remote, user=st.user, kind=st.kind)
+
+    def _is_admin(self, user: str | None) -> bool:
+        if not self.server.users:
+            return True
+        if user is not None and user == self.server.config.ha_username:
+            return True
+        u = self.server.users.get(user or "")
+        return bool(u and u.admin)
+
+    @guarded
+    def on_session_remote_open(self, event: Any) -> None:
+        if event.connection._impl in self.conns:
+            event.session.open()
+
+    @guarded
+    def on_session_remote_close(self, event: Any) -> None:
+        if event.connection._impl in self.conns:
+            ssn = event.session
+            for h in list(self.links.values()):
+                if h.link.session == ssn:
+                    self.link_gone(h.link)
+            ssn.close()
+
+    @guarded
+    def on_connection_remote_close(self, event: Any) -> None:
+        c = event.connection
+        if c._impl in self.conns:
+            self._connection_gone(c)
+            c.close()
+
+    @guarded
+    def on_transport_error(self, event: Any) -> None:
+        # Failed logins end here, before any connection opens: say so (the client only sees its own error).
+        c, t = event.connection, event.transport
+        cond = t.condition if t is not None else None
+        if cond is not None and cond.name == "amqp:unauthorized-access" and c is not None \
+                and c._impl not in self.conns:
+            conn = self.server.engine.conn_of(c)
+            log.warning("connection.refused", remote=conn.remote if conn else "", condition=cond.name,
+                        description=cond.description, user=t.user if t is not None else None)
+
+    @guarded
+    def on_transport_closed(self, event: Any) -> None:
+        c = event.connection
+        if c is not None and c._impl in self.conns:
+            self._connection_gone(c)
+
+    def _connection_gone(self, c: Any) -> None:
+        st = self.conns.pop(c._impl, None)
+        if st is None:
+            return
+        for h in [h for h in self.links.values() if h.conn is st]:
+            self.link_gone(h.link)
+        for ext in self.server.extensions:
+            ext.connection_closed(st)
+        if not st.refused:
+            err = c.remote_condition.name if c.remote_condition else None
+            log.info("connection.closed", connection=st.id, error=err, unsettled_returned=st.unsettled_returned)
+
+    # ----- links ------------------------------------------------------------------------------------------------
+    @guarded
+    def on_link_remote_open(self, event: Any) -> None:
+        link = event.link
+        st = self.conns.get(event.connection._impl)
+        if st is None or link._impl in self.links:
+            return
+        try:
+            handler = self.server.attacher.attach(link, st)
+        except (LinkError, WiringError) as e:
+            self._refuse_link(link, st, e.condition, e.description)
+            return
+        self.links[link._impl] = handler
+        self.server.engine.add_fast(link, handler)
+        st.links.add(handler)
+        if link.state & Endpoint.LOCAL_UNINIT:
+            link.open()
+        if isinstance(handler, PublisherLink):
+            handler.top_up()
+        handler.on_flow()
+
+    def _refuse_link(self, link: Link, st: ConnectionState, condition: str, description: str) -> None:
+        addr = (link.remote_target if link.is_receiver else link.remote_source).address
+        log.warning("link.refused", connection=st.id, address=addr, condition=condition, description=description)
+        # Attach with a null terminus then detach with the error, as the spec asks.
+        if link.is_receiver:
+            link.target.type = Terminus.UNSPECIFIED
+        else:
+            link.source.type = Terminus.UNSPECIFIED
+        link.open()
+        link.condition = Condition(condition, description)
+        link.close()
+
+    @guarded
+    def on_link_remote_close(self, event: Any) -> None:
+        self._remote_detach(event.link)
+
+    @guarded
+    def on_link_remote_detach(self, event: Any) -> None:
+        self._remote_detach(event.link)
+
+    def _remote_detach(self, link: Link) -> None:
+        if link._impl in self.links:
+            self.link_gone(link)
+        if link.state & Endpoint.LOCAL_ACTIVE and link.connection._impl in self.conns:
+            link.close()
+
+    def link_gone(self, link: Link) -> None:
+        h = self.links.pop(link._impl, None)
+        self.server.engine.remove_fast(link)
+        if h is None or h.closed:
+            return
+        h.closed = True
+        h.conn.links.discard(h)
+        self.server.woken.discard(h)
+        h.on_detached()
+        if isinstance(h, ConsumerLink):
+            self.server.attacher.consumer_gone(h)
+
+    def close_link(self, link: Link, condition: str, description: str) -> None:
+        self.link_gone(link)
+        if link.state & Endpoint.LOCAL_ACTIVE:
+            link.condition = Condition(condition, description)
+            link.close()
+

@@ -1,0 +1,139 @@
+"""Where messages go: routing a received message to its queues (and holding its settlement for the extensions),
+dispatching queued messages to consumers and browsers, dead-lettering, and replies to management requests."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from proton import Message
+
+from broker.engine import raw
+from broker.errors import NoRoute, QueueFull
+from broker.links import Completion, PublisherLink
+from broker.message import current_properties, current_subject, current_to, decode
+from broker.queue import Queue
+
+if TYPE_CHECKING:
+    from broker.connections import ConnectionState
+    from broker.server import Server
+
+
+class Router:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.wiring = server.wiring
+        self.consumers = server.consumers
+
+    def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
+        ex = self.wiring.exchanges[exchange]
+        names = ex.route(subject)
+        if names:
+            ex.routed += 1
+        else:
+            ex.unrouted += 1
+        qs = self.wiring.queues
+        return [qs[n] for n in names if n in qs]
+
+    def route(self, pub: PublisherLink, d: Any, data: bytes) -> None:
+        """Route one received message (raises MessageRefused), then settle it or hold it for the extensions."""
+        meta = decode(data)
+        address = pub.address
+        if address is None:
+            address = current_to()
+            if not address:
+                raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
+        q = self.wiring.queues.get(address)
+        if q is not None:
+            targets: list[Queue] = [q]
+        elif address in self.wiring.exchanges:
+            targets = self.route_exchange(address, current_subject())
+        else:
+            raise NoRoute("amqp:not-found", f"no queue or exchange named {address!r}")
+        size = len(data)
+        for q in targets:
+            if not q.has_room(size):
+                raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)")
+        routed = []
+        consumers = self.consumers
+        for q in targets:
+            key = None
+            lvq = q.options.lvq_key
+            if lvq is not None:
+                props = current_properties()
+                key = props.get(lvq) if props else None
+            routed.append((q, q.enqueue(data, meta.priority, meta.expires, meta.durable, key)))
+            if q in consumers:
+                self.server.dirty.add(q)
+        if raw.delivery_settled(d):  # pre-settled by the sender: at most once, nothing to hold
+            pub.unsettled -= 1
+            raw.delivery_settle(d)
+            self.server.woken.add(pub)
+            return
+        c = Completion(pub, d)
+        if routed and self.server.extensions:
+            for ext in self.server.extensions:
+                if ext.hold(c, routed):
+                    c.pending += 1
+        c.release()
+
+    def dead_letter(self, q: Queue, data: bytes) -> None:
+        """A message `q`'s consumer rejected goes to the queue's alternate exchange, if it has one."""
+        alt = q.options.alternate_exchange
+        if alt is None or alt not in self.wiring.exchanges or not data:
+            return
+        meta = decode(data, trusted=True)
+        for target in self.route_exchange(alt, current_subject()):
+            if target is not q and target.has_room(len(data)):
+                target.enqueue(data, meta.priority, meta.expires, meta.durable)
+                if target in self.consumers:
+                    self.server.dirty.add(target)
+
+    def dispatch(self, q: Queue) -> None:
+        consumers = self.consumers.get(q)
+        if not consumers:
+            return
+        credit = raw.link_credit
+        movers = [c for c in consumers if not c.browse and credit(c.l) > 0]
+        if movers and q.has_available():
+            # Round robin, starting after whoever got the first message last time.
+            i = 0
+            while movers:
+                c = movers[i % len(movers)]
+                e = q.acquire_next(skip=c.undeliverable) if c.undeliverable else q.acquire_next()
+                if e is None:
+                    if c.undeliverable and q.has_available():
+                        movers.remove(c)
+                        continue
+                    break
+                c.send(e)
+                if credit(c.l) <= 0:
+                    movers.remove(c)
+                else:
+                    i += 1
+            consumers.append(consumers.pop(0))
+        for b in consumers:
+            if b.browse:
+                while credit(b.l) > 0:
+                    e = q.browse_after(b.cursor)
+                    if e is None:
+                        break
+                    b.cursor = e.position
+                    b.send(e)
+        for c in consumers:
+            c.drain_if_asked()
+
+    def deliver_reply(self, reply_to: str, msg: Message, conn: ConnectionState | None = None) -> bool:
+        """Put a reply on the queue named `reply_to` (dynamic reply queues are ordinary temporary queues)."""
+        q = self.wiring.queues.get(reply_to)
+        if q is None:
+            return False
+        data = bytes(msg.encode())
+        meta = decode(data, trusted=True)
+        try:
+            q.enqueue(data, meta.priority, meta.expires, meta.durable)
+        except QueueFull:
+            return False
+        if q in self.consumers:
+            self.server.dirty.add(q)
+        return True
+

@@ -1,0 +1,380 @@
+"""The primary's links to its backups: one replicating browser per (queue, backup), fed once per pass by the
+queue's watch; the backup's acknowledgements (`$ha.acks`); the membership list (`$ha.status`).
+
+A browser sends what a pass gathered as one batch transfer (ha.core.batch): dequeue ranges, live messages in
+position order, then catch-up messages newest first, bounded in bytes in flight; a backup that does not speak the
+batch format gets one transfer per message, tagged as in ha.protocol.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from cproton import pn_delivery_tag
+from proton import Message
+
+from broker.connections import ConnectionState
+from broker.engine import raw
+from broker.links import LinkHandler
+from broker.log import get_logger
+from broker.queue import DEAD, DequeueReason, Entry, Queue
+from ha import protocol as P
+from ha.core.batch import BatchWriter, is_binary_acks, parse_acks
+from ha.core.idset import PositionSet
+
+if TYPE_CHECKING:
+    from ha.primary import Primary, RemoteBackup
+
+log = get_logger("ha.primary")
+_tags = itertools.count(1)
+
+# Catch-up in flight per queue: CATCHUP_BATCHES batches of at most CATCHUP_BATCH bytes. Enough to keep the backup
+# busy (it acknowledges each pass), little enough that live messages, which hold clients, wait at most a few
+# milliseconds behind old ones on the connection.
+CATCHUP_BATCHES = 3
+CATCHUP_BATCH = 256 * 1024
+CATCHUP_CHUNK = 4096  # catch-up positions taken from the plan at a time
+
+
+class QueueWatch:
+    """One per queue on the primary: collects what a pass enqueued and dequeued, and hands it over at the end of
+    the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
+    browser. Per message it only appends to a list or a range set."""
+
+    __slots__ = ("fresh", "gone", "primary", "queue", "scheduled", "senders")
+
+    def __init__(self, primary: Primary, queue: str) -> None:
+        self.primary = primary
+        self.queue = queue
+        self.senders: dict[str, ReplicatingSender] = {}
+        self.fresh: list[Entry] = []
+        self.gone = PositionSet()
+        self.scheduled = False
+
+    def enqueued(self, queue: Queue, entry: Entry) -> None:
+        if self.senders:
+            self.fresh.append(entry)
+            if not self.scheduled:
+                self.scheduled = True
+                self.primary.changed.append(self)
+
+    def acquired(self, queue: Queue, entry: Entry) -> None:
+        pass
+
+    def released(self, queue: Queue, entry: Entry) -> None:
+        pass
+
+    def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
+        self.gone.add(entry.position)
+        if not self.scheduled:
+            self.scheduled = True
+            self.primary.changed.append(self)
+
+    def flush(self) -> None:
+        self.scheduled = False
+        p = self.primary
+        fresh, self.fresh = self.fresh, []
+        gone = self.gone
+        if gone:
+            self.gone = PositionSet()
+            for c in p.guards.dequeued(self.queue, gone):
+                c.release()
+        for s in self.senders.values():
+            if s.closed:
+                continue
+            if fresh:
+                s.take_live(fresh)
+            if gone:
+                s.take_dequeued(gone)
+            p.to_run.add(s)
+
+
+class ReplicatingSender(LinkHandler):
+    """The primary end of a replicating browser: catch-up (newest first), live enqueues, dequeue ranges; one batch
+    transfer per pass (or one transfer per message for a backup without the batch format)."""
+
+    def __init__(self, primary: Primary, link: Any, conn: ConnectionState, queue: Queue, backup: RemoteBackup,
+                 plan: Any, batch: bool) -> None:
+        super().__init__(primary.server, link, conn)
+        self.primary = primary
+        self.queue = queue
+        self.backup = backup
+        self.batch = batch
+        self.qc = backup.catchup.start(queue.name, plan)
+        # A backup that acknowledges in batches on $ha.acks gets pre-settled transfers (see ha.protocol).
+        self.presettled = batch or (link.remote_properties or {}).get("acks") == P.ACKS_BATCHED
+        self.snapshot_max = plan.snapshot_max
+        self.live: deque[Entry] = deque()
+        self.dequeues = PositionSet()
+        self.dequeues.update(plan.dequeues)
+        self.acks = PositionSet()  # acknowledged since the last run(): ranges, so the guards work per range
+        self.inflight: deque[tuple[int, int]] = deque()  # live (position, bytes) sent and not acknowledged
+        self.inflight_bytes = 0
+        # Catch-up batches sent and not acknowledged: [highest position, bytes], in sending order (newest first).
+        self.catchup_sent: deque[list[int]] = deque()
+        self.catchup_bytes = 0
+        self.limit = primary.config.ha_batch_bytes or 0
+        self.flow_bytes = primary.config.ha_flow_bytes
+        # Catch-up in flight: a few batches (enough to keep the backup busy, little enough that live messages of
+        # other queues, which hold clients, do not wait long behind them on the connection); per message
+        # transfer, half the window.
+        window = primary.config.ha_flow_messages
+        self.catchup_limit = min(self.limit, CATCHUP_BATCH) or 1
+        self.catchup_max_bytes = CATCHUP_BATCHES * self.catchup_limit
+        self.catchup_window = max(1, 16 * window if batch else window // 2)
+        self.started = time.time()
+        self.catchup_logged = False
+
+    # ----- fed by the queue's watch and the backup ----------------------------------------------------------------
+    def take_live(self, fresh: list[Entry]) -> None:
+        if fresh[0].position <= self.snapshot_max:  # attached during this pass: the snapshot has the older ones
+            fresh = [e for e in fresh if e.position > self.snapshot_max]
+        self.live.extend(fresh)
+
+    def take_dequeued(self, gone: PositionSet) -> None:
+        if not self.qc.done and gone.min() <= self.snapshot_max:
+            self.qc.dequeued(gone)
+        self.dequeues = self.dequeues.union(gone)
+
+    def acknowledged(self, positions: PositionSet) -> None:
+        self.acks = self.acks.union(positions) if self.acks else positions
+        self.primary.to_run.add(self)
+
+    def on_flow(self) -> None:
+        self.primary.to_run.add(self)
+
+    def on_delivery(self, d: Any) -> None:
+        """A backup that settles each transfer (no $ha.acks): the settlement is the acknowledgement."""
+        if raw.delivery_settled(d):
+            tag = pn_delivery_tag(d)
+            if isinstance(tag, bytes):
+                tag = tag.decode("ascii", "replace")
+            if tag[:1] in (P.TAG_LIVE, P.TAG_CATCHUP) and tag[1:].isdigit():
+                self.acknowledged(PositionSet([int(tag[1:])]))
+            raw.delivery_settle(d)
+
+    # ----- once per pass ----------------------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.acks:
+            acks, self.acks = self.acks, PositionSet()
+            self._acked(acks)
+        credit = raw.link_credit(self.l)
+        if credit > 0:
+            if self.batch:
+                self._send_batches(credit)
+            else:
+                self._send_messages(credit)
+        if self.qc.done and not self.catchup_logged:
+            self.catchup_logged = True
+            prog = self.qc.progress()
+            log.info("ha.catchup.end", backup=self.backup.name, queue=self.queue.name, messages=prog.sent,
+                     seconds=round(time.time() - self.started, 3))
+            self.primary.check_ready(self.backup)
+
+    def _acked(self, acks: PositionSet) -> None:
+        if not self.qc.done:
+            self.qc.acked(acks)  # it tells catch-up positions from live ones itself
+        if self.catchup_sent and acks.min() <= self.snapshot_max:
+            # Applied in order, newest first: every catch-up batch down to the lowest acknowledged position is in.
+            lowest = acks.min()
+            sent = self.catchup_sent
+            while sent and sent[0][0] >= lowest:
+                self.catchup_bytes -= sent.popleft()[1]
+        # The backup applies in order: an acknowledgement of p means every live transfer sent before p arrived.
+        top = acks.max()
+        inflight = self.inflight
+        while inflight and inflight[0][0] <= top:
+            self.inflight_bytes -= inflight.popleft()[1]
+        self.primary.acked(self.backup, self.queue.name, acks)
+
+    def _live_room(self) -> int:
+        """Bytes of live messages that may be sent now (--ha-flow-bytes in flight; one message always may)."""
+        return self.flow_bytes - self.inflight_bytes if self.inflight else max(self.flow_bytes, 1)
+
+    def _catchup_room(self) -> int:
+        """Catch-up messages that may be taken from the plan now (0 when its bytes in flight are at the bound)."""
+        if self.qc.done or self.catchup_bytes >= self.catchup_max_bytes:
+            return 0
+        return self.catchup_window - self.qc.in_flight
+
+    def _send_batches(self, credit: int) -> None:
+        limit = self.limit
+        w = BatchWriter(limit)
+        if self.dequeues:
+            w.dequeue_ranges(self.dequeues.ranges())
+            self.dequeues = PositionSet()
+        live = self.live
+        if live:
+            room = self._live_room()
+            inflight = self.inflight
+            while live and room > 0:
+                e = live.popleft()
+                if e.state == DEAD:
+                    continue  # dequeued meanwhile: its dequeue range goes instead
+                if w.full:
+                    self._send(w.payload())
+                    credit -= 1
+                    w = BatchWriter(limit)
+                    if credit <= 0:
+                        live.appendleft(e)
+                        return
+                data = e.data
+                w.enqueue(e.position, e.level, e.flags, e.count, e.expires, data)
+                n = len(data)
+                inflight.append((e.position, n))
+                self.inflight_bytes += n
+                room -= n
+        n = self._catchup_room()
+        if n > 0:
+            w = self._add_catchup(w, min(n, CATCHUP_CHUNK), credit)
+        if w:
+            self._send(w.payload())
+
+    def _add_catchup(self, w: BatchWriter, n: int, credit: int) -> BatchWriter:
+        """Pack up to `n` catch-up messages (newest first) into `w` and further batches, within the credit and
+        the bytes bound; what does not fit goes back to the plan. Returns the batch still open."""
+        batch = self.qc.next_batch(n)
+        entries = self.queue.entries
+        sent = self.catchup_sent
+        budget = self.catchup_max_bytes - self.catchup_bytes
+        gone: list[int] = []
+        top = 0  # highest catch-up position in `w`
+        in_w = 0  # catch-up bytes in `w`
+        limit = self.catchup_limit
+        for i, pos in enumerate(batch):
+            ce = entries.get(pos)
+            if ce is None:
+                gone.append(pos)
+                continue
+            if w.size >= limit:
+                if in_w:
+                    sent.append([top, in_w])
+                    self.catchup_bytes += in_w
+                    top = in_w = 0
+                self._send(w.payload())
+                credit -= 1
+                w = BatchWriter(self.limit)
+                if credit <= 0 or budget <= 0:
+                    self.qc.give_back(batch[i:])  # not sent after all: next pass
+                    break
+            data = ce.data
+            w.enqueue(pos, ce.level, ce.flags, ce.count, ce.expires, data)
+            if not top:
+                top = pos
+            in_w += len(data)
+            budget -= len(data)
+        if in_w:
+            sent.append([top, in_w])
+            self.catchup_bytes += in_w
+        if gone:
+            self.qc.dequeued(gone)
+        return w
+
+    def _send(self, payload: bytes) -> None:
+        raw.send_settled(self.l, next(_tags), payload)
+
+    # ----- the per-message format (backups without batches) -----------------------------------------------------
+    def _send_messages(self, credit: int) -> None:
+        link = self.l
+        if self.dequeues:
+            body = Message(body=self.dequeues.to_wire()).encode()
+            d = raw.send_tagged(link, f"{P.TAG_DEQUEUE}{next(_tags)}".encode(), body)
+            raw.delivery_settle(d)
+            credit -= 1
+            self.dequeues = PositionSet()
+        live = self.live
+        if live:
+            room = self._live_room()
+            while live and credit > 0 and room > 0:
+                e = live.popleft()
+                if e.state == DEAD:
+                    continue
+                d = raw.send_tagged(link, f"{P.TAG_LIVE}{e.position}".encode(), e.data)
+                if self.presettled:
+                    raw.delivery_settle(d)
+                n = len(e.data)
+                self.inflight.append((e.position, n))
+                self.inflight_bytes += n
+                credit -= 1
+                room -= n
+        n = min(credit, self._catchup_room())
+        if n > 0:
+            entries = self.queue.entries
+            for pos in self.qc.next_batch(n):
+                ce = entries.get(pos)
+                if ce is None:
+                    self.qc.dequeued([pos])
+                    continue
+                d = raw.send_tagged(link, f"{P.TAG_CATCHUP}{pos}".encode(), ce.data)
+                if self.presettled:
+                    raw.delivery_settle(d)
+
+    def on_detached(self) -> None:
+        self.primary.to_run.discard(self)
+        w = self.primary.watches.get(self.queue.name)
+        if w is not None and w.senders.get(self.backup.name) is self:
+            del w.senders[self.backup.name]
+        if self.backup.senders.get(self.queue.name) is self:
+            del self.backup.senders[self.queue.name]
+
+
+class AckLink(LinkHandler):
+    """`$ha.acks`: a backup's batched acknowledgements, {queue: [[lo, hi], ...]} per message (pre-settled)."""
+
+    CREDIT = 100
+
+    def __init__(self, primary: Primary, link: Any, conn: ConnectionState, backup: RemoteBackup) -> None:
+        super().__init__(primary.server, link, conn)
+        self.primary = primary
+        self.backup = backup
+        link.flow(self.CREDIT)
+
+    def on_delivery(self, d: Any) -> None:
+        if raw.delivery_partial(d):
+            return
+        data = raw.recv(self.l, raw.delivery_pending(d))
+        raw.delivery_settle(d)
+        raw.top_up(self.l, self.CREDIT, 0)  # in half-window steps: a flow frame per ack would wake the backup
+        try:
+            if is_binary_acks(data):
+                acks = {name: PositionSet.from_ranges(ranges) for name, ranges in parse_acks(data).items()}
+            else:
+                m = Message()
+                m.decode(data)
+                body = m.body
+                if not isinstance(body, dict):
+                    raise ValueError("body is not a map")
+                acks = {str(name): PositionSet.from_wire(ranges) for name, ranges in body.items()}
+        except Exception as e:  # a broken peer: log it, never take the primary down
+            log.error("ha.replication.error", backup=self.backup.name, description=f"bad acknowledgement: {e}")
+            return
+        for name, positions in acks.items():
+            sender = self.backup.senders.get(name)
+            if sender is not None and positions:
+                sender.acknowledged(positions)
+
+
+class StatusLink(LinkHandler):
+    """`$ha.status`: the membership list, re-sent on every change (pre-settled)."""
+
+    def __init__(self, primary: Primary, link: Any, conn: ConnectionState) -> None:
+        super().__init__(primary.server, link, conn)
+        self.primary = primary
+        self.pending: deque[bytes] = deque()
+
+    def send(self, data: bytes) -> None:
+        self.pending.clear()  # only the newest membership matters
+        self.pending.append(data)
+        self.on_flow()
+
+    def on_flow(self) -> None:
+        while self.pending and raw.link_credit(self.l) > 0:
+            raw.send_settled(self.l, next(_tags), self.pending.popleft())
+
+    def on_detached(self) -> None:
+        self.primary.status_links.discard(self)
+
+
