@@ -1,12 +1,12 @@
 """Which acknowledgements become ``ha.lag`` samples (docs/events.md).
 
-``LagSampler.sample(now)`` is asked once per acknowledged position. While acknowledgements arrive at under
-``max_per_second`` it keeps every one (sample rate 1.0). Above that it keeps each with probability
-``max_per_second / rate``, where ``rate`` is estimated from the previous one-second window and the current one so far.
-The probability is decided *before* the coin is tossed, from past acknowledgements only, so weighting each logged
-sample by ``1 / sample_rate`` gives an unbiased count. In the first second of a burst the estimate trails the real
-rate, so up to a few times ``max_per_second`` lines may be written; from the next second on it is about
-``max_per_second``.
+``LagSampler.sample(now)`` is asked once per acknowledged position (``sample_batch(now, n)`` for n at once). While
+acknowledgements arrive at under ``max_per_second`` it keeps every one (sample rate 1.0). Above that it keeps each
+with probability ``max_per_second / rate``, where ``rate`` is estimated from the previous one-second window and the
+current one so far (its count over its elapsed time, at least a quarter second). The probability is decided *before*
+the coin is tossed, from past acknowledgements only, so weighting each logged sample by ``1 / sample_rate`` gives an
+unbiased count. In the first quarter second of a burst the estimate trails the real rate, so somewhat more than
+``max_per_second`` lines may be written in that second; from then on it is about ``max_per_second``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class LagSampler:
     def rate(self, now: float) -> float:
         """The estimated acknowledgement rate per second at ``now`` (before counting a new one)."""
         self._roll(now)
-        return float(max(self._previous, self._current))
+        elapsed = now - self._window_start if self._window_start is not None else 0.0
+        return float(max(self._previous, self._current / max(elapsed, 0.25)))
 
     def sample(self, now: float) -> float | None:
         """Count one acknowledgement at ``now``; return the sample rate to log it with, or None to skip it."""

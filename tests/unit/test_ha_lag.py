@@ -83,3 +83,19 @@ def test_lag_sample_fields_follow_the_event_schema() -> None:
         "sample_rate",
     }
     assert fields["lag_ms"] == pytest.approx(3.3, abs=1e-3)  # float seconds near 1.8e9 keep ~0.2 us
+
+
+def test_batches_keep_the_rule_and_the_weights_recover_the_count() -> None:
+    sampler = LagSampler(100, rng=random.Random(13).random)
+    logged: list[float] = []
+    per_second: dict[int, int] = {}
+    for step in range(4000):  # 4 s of batches of 20 acknowledgements every ms: 20,000/s
+        t = 100.0 + step / 1000
+        rate, picked = sampler.sample_batch(t, 20)
+        logged += [rate] * len(picked)
+        per_second[int(t)] = per_second.get(int(t), 0) + len(picked)
+        assert all(0 <= i < 20 for i in picked) and picked == sorted(set(picked))
+    assert sum(1 / r for r in logged) == pytest.approx(80_000, rel=0.1)
+    assert all(n <= 300 for n in per_second.values()), per_second  # about max_per_second lines per second
+    assert LagSampler(100).sample_batch(1.0, 5) == (1.0, [0, 1, 2, 3, 4])  # under the limit: every one
+    assert LagSampler(100).sample_batch(1.0, 0) == (1.0, [])
