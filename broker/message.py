@@ -10,12 +10,10 @@ decode. No proton `Message` object is made on the hot path: keeping many alive m
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cproton import (
     pn_message,
-    pn_message_decode,
     pn_message_get_address,
     pn_message_get_expiry_time,
     pn_message_get_priority,
@@ -24,6 +22,7 @@ from cproton import (
     pn_message_is_durable,
     pn_message_properties,
 )
+from cproton_ffi import lib
 from proton import Data, Message
 
 from broker.errors import MalformedMessage
@@ -32,8 +31,7 @@ __all__ = ["MalformedMessage", "Meta", "check_framing", "current_properties", "c
            "decode", "subject_of", "with_delivery_header"]
 
 
-@dataclass(slots=True)
-class Meta:
+class Meta(NamedTuple):
     """What every queue needs of a message: its priority (0-9), absolute expiry (seconds since the epoch, or
     None), and whether it is durable."""
 
@@ -132,6 +130,7 @@ def check_framing(data: bytes) -> None:
 
 
 _pn_msg = pn_message()  # one C message reused for every decode (the event loop is single-threaded)
+_decode = lib.pn_message_decode  # the C call itself: bytes pass as `char *` without a copy
 
 
 def decode(data: bytes, now: float | None = None, trusted: bool = False) -> Meta:
@@ -143,7 +142,7 @@ def decode(data: bytes, now: float | None = None, trusted: bool = False) -> Meta
     if not trusted:
         check_framing(data)
     msg = _pn_msg
-    if pn_message_decode(msg, data) < 0:
+    if _decode(msg, data, len(data)) < 0:
         raise MalformedMessage("cannot decode message")
     expires: float | None = None
     ttl = pn_message_get_ttl(msg)
@@ -153,7 +152,7 @@ def decode(data: bytes, now: float | None = None, trusted: bool = False) -> Meta
         expiry = pn_message_get_expiry_time(msg)
         if expiry:
             expires = expiry / 1000.0
-    return Meta(pn_message_get_priority(msg), expires, bool(pn_message_is_durable(msg)))
+    return Meta(pn_message_get_priority(msg), expires, pn_message_is_durable(msg))
 
 
 def current_to() -> str | None:

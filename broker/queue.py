@@ -94,6 +94,11 @@ class Entry:
         return f"Entry({self.position}, state={self.state}, level={self.level})"
 
 
+def _plain(o: QueueOptions) -> bool:
+    return (o.max_count is None and o.max_size is None and o.lvq_key is None and o.default_ttl is None
+            and o.priority_levels == 1)
+
+
 def _runs(ps: list[int]) -> list[tuple[int, int]]:
     """Contiguous runs of a sorted list of distinct ints, as (lo, hi) pairs."""
     out: list[tuple[int, int]] = []
@@ -165,6 +170,7 @@ class Queue:
         self.deleted = False
         # Backups lock replicated queues: nothing is dispatched locally until promoted.
         self.locked = False
+        self.plain = _plain(options)  # no limits, last-value key, default TTL or priorities: the fast enqueue
 
     # ----- inspection -------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -253,6 +259,21 @@ class Queue:
         last-value key (LVQ queues). `replicated` is a backup applying its primary's enqueue: limits and
         last-value replacement were already applied on the primary (which also sends the resulting dequeues).
         """
+        if self.plain and position is None:  # the usual case, with nothing to check
+            position = self.next_position
+            self.next_position = position + 1
+            entry = Entry(position, data, 0, expires, DURABLE if durable else 0)
+            self.entries[position] = entry
+            self._spine.append(entry)
+            self._avail[0].append(entry)
+            self._available += 1
+            if expires is not None:
+                self._expiring += 1
+            self.bytes += len(data)
+            self.stats.enqueued += 1
+            for o in self.observers:
+                o.enqueued(self, entry)
+            return entry
         opts = self.options
         lvq_old: Entry | None = None
         if key is not None and not replicated and opts.lvq_key is not None:
@@ -556,3 +577,4 @@ class Queue:
             raise ValueError("priority-levels cannot change")
         self.arguments = arguments
         self.options = options
+        self.plain = _plain(options)

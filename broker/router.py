@@ -11,7 +11,7 @@ from broker.engine import raw
 from broker.errors import NoRoute, QueueFull
 from broker.links import Completion, PublisherLink
 from broker.message import current_properties, current_subject, current_to, decode
-from broker.queue import Queue
+from broker.queue import Entry, Queue
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -22,7 +22,9 @@ class Router:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.wiring = server.wiring
+        self.queues = server.wiring.queues
         self.consumers = server.consumers
+        self.extensions = server.extensions
 
     def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
         ex = self.wiring.exchanges[exchange]
@@ -36,13 +38,34 @@ class Router:
 
     def route(self, pub: PublisherLink, d: Any, data: bytes) -> None:
         """Route one received message (raises MessageRefused), then settle it or hold it for the extensions."""
-        meta = decode(data)
+        priority, expires, durable = decode(data)
         address = pub.address
         if address is None:
             address = current_to()
             if not address:
                 raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
-        q = self.wiring.queues.get(address)
+        q = self.queues.get(address)
+        if q is not None and q.plain:  # the usual case: one queue, nothing to check
+            routed = [(q, q.enqueue(data, priority, expires, durable))]
+            if q in self.consumers:
+                self.server.dirty.add(q)
+        else:
+            routed = self._route(address, q, data, priority, expires, durable)
+        if raw.delivery_settled(d):  # pre-settled by the sender: at most once, nothing to hold
+            pub.unsettled -= 1
+            raw.delivery_settle(d)
+            self.server.woken.add(pub)
+            return
+        c = Completion(pub, d)
+        if routed and self.extensions:
+            for ext in self.extensions:
+                if ext.hold(c, routed):
+                    c.pending += 1
+        c.release()
+
+    def _route(self, address: str, q: Queue | None, data: bytes, priority: int, expires: float | None,
+               durable: bool) -> list[tuple[Queue, Entry]]:
+        """Routing with checks: an exchange, limits, last-value keys."""
         if q is not None:
             targets: list[Queue] = [q]
         elif address in self.wiring.exchanges:
@@ -61,20 +84,10 @@ class Router:
             if lvq is not None:
                 props = current_properties()
                 key = props.get(lvq) if props else None
-            routed.append((q, q.enqueue(data, meta.priority, meta.expires, meta.durable, key)))
+            routed.append((q, q.enqueue(data, priority, expires, durable, key)))
             if q in consumers:
                 self.server.dirty.add(q)
-        if raw.delivery_settled(d):  # pre-settled by the sender: at most once, nothing to hold
-            pub.unsettled -= 1
-            raw.delivery_settle(d)
-            self.server.woken.add(pub)
-            return
-        c = Completion(pub, d)
-        if routed and self.server.extensions:
-            for ext in self.server.extensions:
-                if ext.hold(c, routed):
-                    c.pending += 1
-        c.release()
+        return routed
 
     def dead_letter(self, q: Queue, data: bytes) -> None:
         """A message `q`'s consumer rejected goes to the queue's alternate exchange, if it has one."""

@@ -299,14 +299,19 @@ class Primary:
             completion.pending += 1
             self.recovery_held.append(completion)
         if self.backups:
-            if len(routed) == 1:
-                q, e = routed[0]
+            # Each replicated place joins its queue's group for this pass (held in the guards at the end of the
+            # pass); the completion waits for each of them.
+            places = 0
+            watches = self.watches
+            for q, e in routed:
                 if self.replicated(q):
-                    held = self.guards.hold_one(completion, q.name, e.position, time.time(), len(e.data))
-            else:
-                places = [(q.name, e.position) for q, e in routed if self.replicated(q)]
-                if places:
-                    held = self.guards.hold(completion, places, time.time(), nbytes=len(routed[0][1].data))
+                    w = watches.get(q.name)
+                    if w is not None:
+                        w.hold(e.position, completion, len(e.data))
+                        places += 1
+            if places:
+                completion.pending += places - 1
+                held = True
         return held
 
     def acked(self, b: RemoteBackup, queue: str, positions: PositionSet) -> None:
@@ -315,11 +320,11 @@ class Primary:
             c.release()
         if result.acked:
             now = time.time()
-            rate, picked = self.sampler.sample_batch(now, len(result.acked))
+            rate, picked = self.sampler.sample_batch(now, result.count)
             if picked:
                 backlog = self.guards.backlog(b.name)
                 for i in picked:
-                    pos, enq = result.acked[i]
+                    pos, enq = result.sample(i)
                     fast.info("ha.lag", {"queue": queue, "backup": b.name, "position": pos, "enqueue_ts": enq,
                                          "ack_ts": now, "lag_ms": round((now - enq) * 1000.0, 3),
                                          "backlog": backlog, "sample_rate": rate})

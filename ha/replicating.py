@@ -18,11 +18,11 @@ from proton import Message
 
 from broker.connections import ConnectionState
 from broker.engine import raw
-from broker.links import LinkHandler
+from broker.links import Completion, LinkHandler
 from broker.log import get_logger
 from broker.queue import DEAD, DequeueReason, Entry, Queue
 from ha import protocol as P
-from ha.core.batch import BatchWriter, is_binary_acks, parse_acks
+from ha.core.batch import ENQUEUE, BatchWriter, is_binary_acks, parse_acks
 from ha.core.idset import PositionSet
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ class QueueWatch:
     the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
     browser. Per message it only appends to a list or a range set."""
 
-    __slots__ = ("fresh", "gone", "primary", "queue", "scheduled", "senders")
+    __slots__ = ("fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue", "scheduled",
+                 "senders")
 
     def __init__(self, primary: Primary, queue: str) -> None:
         self.primary = primary
@@ -52,7 +53,18 @@ class QueueWatch:
         self.senders: dict[str, ReplicatingSender] = {}
         self.fresh: list[Entry] = []
         self.gone = PositionSet()
+        self.held_positions: list[int] = []  # client deliveries of this pass waiting for the backups
+        self.held_tokens: list[Completion] = []
+        self.held_bytes = 0
         self.scheduled = False
+
+    def hold(self, position: int, completion: Completion, nbytes: int) -> None:
+        self.held_positions.append(position)
+        self.held_tokens.append(completion)
+        self.held_bytes += nbytes
+        if not self.scheduled:
+            self.scheduled = True
+            self.primary.changed.append(self)
 
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         if self.senders:
@@ -77,6 +89,12 @@ class QueueWatch:
         self.scheduled = False
         p = self.primary
         fresh, self.fresh = self.fresh, []
+        if self.held_tokens:
+            positions, tokens, nbytes = self.held_positions, self.held_tokens, self.held_bytes
+            self.held_positions, self.held_tokens, self.held_bytes = [], [], 0
+            if not p.guards.hold(self.queue, positions, tokens, time.time(), nbytes):
+                for c in tokens:  # the backups went away within this pass: nobody to wait for
+                    c.release()
         gone = self.gone
         if gone:
             self.gone = PositionSet()
@@ -111,7 +129,9 @@ class ReplicatingSender(LinkHandler):
         self.dequeues = PositionSet()
         self.dequeues.update(plan.dequeues)
         self.acks = PositionSet()  # acknowledged since the last run(): ranges, so the guards work per range
-        self.inflight: deque[tuple[int, int]] = deque()  # live (position, bytes) sent and not acknowledged
+        # Live messages sent and not acknowledged: (highest position, bytes) per batch (per message in the older
+        # format); the backup applies in order, so an acknowledgement of p covers every entry up to p.
+        self.inflight: deque[tuple[int, int]] = deque()
         self.inflight_bytes = 0
         # Catch-up batches sent and not acknowledged: [highest position, bytes], in sending order (newest first).
         self.catchup_sent: deque[list[int]] = deque()
@@ -208,30 +228,50 @@ class ReplicatingSender(LinkHandler):
             self.dequeues = PositionSet()
         live = self.live
         if live:
+            # The hot loop: BatchWriter.enqueue inlined, the live part of each batch remembered as (highest position,
+            # bytes) for the flow bound (the backup applies batches in order).
             room = self._live_room()
-            inflight = self.inflight
+            pack, head_size = ENQUEUE.pack, ENQUEUE.size
+            parts, size, count = w.parts, w.size, w.count
+            top = nbytes = 0
             while live and room > 0:
                 e = live.popleft()
                 if e.state == DEAD:
                     continue  # dequeued meanwhile: its dequeue range goes instead
-                if w.full:
-                    self._send(w.payload())
+                if size >= limit:
+                    w.size, w.count = size, count
+                    self._send_live(w, top, nbytes)
+                    top = nbytes = 0
                     credit -= 1
                     w = BatchWriter(limit)
+                    parts, size, count = w.parts, w.size, w.count
                     if credit <= 0:
                         live.appendleft(e)
                         return
                 data = e.data
-                w.enqueue(e.position, e.level, e.flags, e.count, e.expires, data)
                 n = len(data)
-                inflight.append((e.position, n))
-                self.inflight_bytes += n
+                parts.append(pack(b"E", e.position, e.level, e.flags, e.count, e.expires or 0.0, n))
+                parts.append(data)
+                size += head_size + n
+                count += 1
+                top = e.position
+                nbytes += n
                 room -= n
+            w.size, w.count = size, count
+            if nbytes:
+                self.inflight.append((top, nbytes))
+                self.inflight_bytes += nbytes
         n = self._catchup_room()
         if n > 0:
             w = self._add_catchup(w, min(n, CATCHUP_CHUNK), credit)
         if w:
             self._send(w.payload())
+
+    def _send_live(self, w: BatchWriter, top: int, nbytes: int) -> None:
+        self._send(w.payload())
+        if nbytes:
+            self.inflight.append((top, nbytes))
+            self.inflight_bytes += nbytes
 
     def _add_catchup(self, w: BatchWriter, n: int, credit: int) -> BatchWriter:
         """Pack up to `n` catch-up messages (newest first) into `w` and further batches, within the credit and

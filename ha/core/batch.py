@@ -40,6 +40,7 @@ _HEAD = MAGIC + bytes([VERSION])
 _ENQ = struct.Struct(">cQBBIdI")
 _DEQ = struct.Struct(">cQQ")
 _ENQ_SIZE = _ENQ.size
+ENQUEUE = _ENQ  # the enqueue record's header, for hot loops that pack records themselves (then update size, count)
 _SECTION = struct.Struct(">BBBBI")  # 0x00 0x53 0x75 (data section) 0xb0 (vbin32) length
 _SECTION_HEAD = b"\x00\x53\x75\xb0"
 _E = b"E"

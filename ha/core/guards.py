@@ -1,30 +1,27 @@
-"""``GuardBook``: the primary's bookkeeping of delayed completion.
+"""``GuardBook``: the primary's bookkeeping of delayed completion, one record per queue per pass.
 
-A client delivery (an opaque hashable *token*, e.g. the proton delivery) that was enqueued on replicated queues at
-(queue, position) *places* stays unsettled until every guarding backup has released every place: the backup
-acknowledged the position, or the primary dequeued it first, or the backup was dropped. Then the token is returned
-once, by whichever call released it last, and the caller settles the delivery.
+A client delivery that was enqueued on a replicated queue stays unsettled until every guarding backup has released
+its *place* (queue, position): the backup acknowledged the position, or the primary dequeued it first, or the
+backup was dropped. The caller gives each place a *token* (e.g. the client's pending completion; a delivery routed
+to two queues has two places and is settled when both tokens came back) and gets each token back exactly once, from
+whichever call released its place.
 
-Two ways a backup acknowledges, per (queue, backup):
+What a pass of the primary routed to a queue is held as one *group*: its positions (ascending), their tokens, the
+bitmask of the backups still waiting, the time and the bytes. Two ways a backup acknowledges, per (queue, backup):
 
-- *exact*: each acknowledged position releases that place only. This is how catch-up positions (the queue as it was
-  when the backup's browser attached) are acknowledged, in any order.
-- *in order* (after ``start``): the browser sends the queue's live messages in position order on one link and the
-  backup applies them in that order, so an acknowledgement of position p above the browser's snapshot means every
-  live place up to p was applied (or dequeued, which released it already). One acknowledgement releases them all,
-  walking a cursor forward: the cost per message is a bit cleared, not a set operation.
+- *in order* (after ``start``): a browser sends the queue's live messages in position order on one link and the
+  backup applies (and dequeues) them in that order, so an acknowledgement of position p above the browser's
+  snapshot means every live place up to p was applied or dequeued. One acknowledgement releases whole groups,
+  walking a cursor forward: the cost per message is a token handed back, not a set operation.
+- *exact* (up to the browser's snapshot, and before ``start``): catch-up positions are acknowledged in any order;
+  each releases its own place (a group touched this way is split into single places first: rare, small).
 
 Peer input never raises: acknowledgements of positions that are not guarded for that backup (unknown, repeated,
-already dequeued, from a dropped backup) are ignored and counted (``stats().ignored_acks``) and never release another
-token. Misuse by the caller (holding a token or a place twice, an unknown backup in ``hold``, positions that do not
-grow on a queue) raises ``ValueError``.
+already released, from a dropped backup) are ignored and counted (``stats().ignored_acks``) and never release
+another place. Misuse by the caller (positions that do not grow on a queue, mismatched lists) raises ``ValueError``.
 
 Which backups guard is the caller's policy: a backup guards every hold made after ``add_backup`` (qpid does it when
 the backup connects, so that "ready" can mean "caught up and nothing guarded outstanding since joining").
-
-Layout: per queue, the guarded places in position order (a list with a moving head), each a record [token, bitmask
-of the backups still waiting, enqueue time, bytes]; per backup a bit and two counters; per (queue, backup) a floor
-(the browser's snapshot) and a cursor.
 """
 
 from __future__ import annotations
@@ -38,54 +35,81 @@ from typing import Generic, TypeVar
 from ha.core.idset import PositionSet
 
 T = TypeVar("T", bound=Hashable)
-Place = tuple[str, int]  # (queue name, position)
 
 _NO_FLOOR = 1 << 62  # before `start`: every acknowledgement is exact
-_pos = attrgetter("position")
+_hi = attrgetter("hi")
 
 
-class _Entry(Generic[T]):
-    """One guarded place: the message at (queue, position) and the backups (bits) that still have to release it."""
+class _Group(Generic[T]):
+    """Places of one queue held together (one pass), positions ascending; `waiting` 0 = released."""
 
-    __slots__ = ("enqueue_ts", "nbytes", "position", "token", "waiting")
+    __slots__ = ("hi", "nbytes", "positions", "tokens", "ts", "waiting")
 
-    def __init__(self, token: T, position: int, enqueue_ts: float, nbytes: int, waiting: int):
-        self.token = token
-        self.position = position
-        self.enqueue_ts = enqueue_ts
+    def __init__(self, positions: list[int], tokens: list[T], ts: float, nbytes: int, waiting: int) -> None:
+        self.positions = positions
+        self.tokens = tokens
+        self.ts = ts
         self.nbytes = nbytes
-        self.waiting = waiting  # bitmask of backups; 0 = released
+        self.waiting = waiting
+        self.hi = positions[-1]
+
+    @property
+    def lo(self) -> int:
+        return self.positions[0]
+
+    def split(self, k: int) -> _Group[T]:
+        """Keep the first `k` places here; return the rest as a new group (bytes shared pro rata)."""
+        n = len(self.positions)
+        moved = self.nbytes * (n - k) // n
+        rest = _Group(self.positions[k:], self.tokens[k:], self.ts, moved, self.waiting)
+        del self.positions[k:]
+        del self.tokens[k:]
+        self.nbytes -= moved
+        self.hi = self.positions[-1]
+        return rest
 
 
 class _Queue(Generic[T]):
-    """The guarded places of one queue, in position order. `entries[i]` has absolute index `base + i`."""
+    """The groups of one queue, ascending. `groups[i]` has absolute index `base + i`."""
 
-    __slots__ = ("base", "cursors", "entries", "floors", "head", "live")
+    __slots__ = ("base", "cursors", "floors", "groups", "head")
 
     def __init__(self) -> None:
-        self.entries: list[_Entry[T]] = []
-        self.head = 0  # entries before it are released
+        self.groups: list[_Group[T]] = []
+        self.head = 0  # groups before it are released
         self.base = 0
-        self.live = 0  # entries not released
         self.floors: dict[int, int] = {}  # backup bit -> positions up to here are acknowledged exactly
-        self.cursors: dict[int, int] = {}  # backup bit -> absolute index of the first entry its order has not passed
+        self.cursors: dict[int, int] = {}  # backup bit -> absolute index of the first group its order has not passed
 
     def last_position(self) -> int:
-        return self.entries[-1].position if self.entries else 0
+        return self.groups[-1].hi if self.groups else 0
 
-    def span(self, lo: int, hi: int) -> range:
-        """List indexes of the entries with lo <= position <= hi (released ones included)."""
-        e = self.entries
-        return range(bisect_left(e, lo, lo=self.head, key=_pos), bisect_right(e, hi, lo=self.head, key=_pos))
+    def find(self, lo: int, hi: int) -> range:
+        """List indexes of the groups that may hold positions in lo..hi (released ones included)."""
+        g = self.groups
+        i = bisect_left(g, lo, lo=self.head, key=_hi)
+        j = i
+        while j < len(g) and g[j].positions[0] <= hi:
+            j += 1
+        return range(i, j)
+
+    def split_at(self, i: int, k: int) -> None:
+        """Split group `i` after its first `k` places (indexes after it shift by one: cursors follow)."""
+        g = self.groups
+        g.insert(i + 1, g[i].split(k))
+        absolute = self.base + i
+        for bit, c in self.cursors.items():
+            if c > absolute:
+                self.cursors[bit] = c + 1
 
     def trim(self) -> None:
-        e = self.entries
+        g = self.groups
         head = self.head
-        n = len(e)
-        while head < n and not e[head].waiting:
+        n = len(g)
+        while head < n and not g[head].waiting:
             head += 1
-        if head > 1024 and head * 2 > n:
-            del e[:head]
+        if head > 256 and head * 2 > n:
+            del g[:head]
             self.base += head
             head = 0
         self.head = head
@@ -102,12 +126,25 @@ class _Backup:
 
 @dataclass(frozen=True)
 class AckResult(Generic[T]):
-    """``released``: tokens now fully released (settle them). ``acked``: (position, enqueue_ts) newly acknowledged
-    by this backup, for ``ha.lag``. ``ignored``: positions in the acknowledgement not guarded for this backup."""
+    """``released``: one token per place now released by everyone (settle what they stand for). ``acked``: the
+    groups of places this backup newly acknowledged, as (positions, hold time), for ``ha.lag``. ``ignored``:
+    positions in the acknowledgement not guarded for this backup."""
 
     released: tuple[T, ...]
-    acked: tuple[tuple[int, float], ...]
+    acked: tuple[tuple[tuple[int, ...], float], ...]
     ignored: int
+
+    @property
+    def count(self) -> int:
+        return sum(len(p) for p, _ in self.acked)
+
+    def sample(self, i: int) -> tuple[int, float]:
+        """(position, hold time) of the i-th acknowledged place."""
+        for positions, ts in self.acked:
+            if i < len(positions):
+                return positions[i], ts
+            i -= len(positions)
+        raise IndexError(i)
 
 
 @dataclass(frozen=True)
@@ -130,7 +167,6 @@ class GuardBook(Generic[T]):
         self._free_bits: list[int] = []
         self._next_bit = 1
         self._queues: dict[str, _Queue[T]] = {}
-        self._remaining: dict[T, int] = {}  # token -> places not yet released
         self._places = 0
         self._ignored_acks = 0
 
@@ -149,7 +185,7 @@ class GuardBook(Generic[T]):
         self._all |= bit
 
     def drop_backup(self, name: str) -> list[T]:
-        """The backup is lost: release everything it guarded. Returns the tokens now fully released.
+        """The backup is lost: release everything it guarded. Returns the tokens of the places now released.
 
         Dropping an unknown backup returns [] (it may have been dropped already).
         """
@@ -159,15 +195,15 @@ class GuardBook(Generic[T]):
         bit = book.bit
         self._all &= ~bit
         released: list[T] = []
-        for name_q, q in list(self._queues.items()):
+        for q in self._queues.values():
             q.floors.pop(bit, None)
             q.cursors.pop(bit, None)
             if book.count:
-                for entry in q.entries[q.head:]:
-                    if entry.waiting & bit:
-                        entry.waiting &= ~bit
-                        if not entry.waiting:
-                            self._released(name_q, q, entry, released)
+                for g in q.groups[q.head:]:
+                    if g.waiting & bit:
+                        g.waiting &= ~bit
+                        if not g.waiting:
+                            self._release(g, released)
                 q.trim()
         self._free_bits.append(bit)
         return released
@@ -175,20 +211,20 @@ class GuardBook(Generic[T]):
     def start(self, backup: str, queue: str, floor: int, held: Iterable[int] = ()) -> list[T]:
         """``backup``'s browser of ``queue`` attached with the queue's highest position ``floor`` in its snapshot
         and the positions ``held`` it says it holds. Places up to ``floor`` are from now on acknowledged exactly
-        (catch-up); above it, in order. Places it holds are released now. Returns the tokens now fully released."""
+        (catch-up); above it, in order. Places it holds are released now. Returns the tokens released."""
         book = self._backups.get(backup)
         if book is None:
             return []
         q = self._queue(queue)
         bit = book.bit
         q.floors[bit] = floor
-        idx = bisect_right(q.entries, floor, lo=q.head, key=_pos)
-        q.cursors[bit] = q.base + idx
+        q.cursors[bit] = q.base + bisect_right(q.groups, floor, lo=q.head, key=_hi)
         released: list[T] = []
-        held_set = held if isinstance(held, PositionSet) else PositionSet(held)
-        if held_set and q.live:
-            self._exact(book, queue, q, held_set.intersection(PositionSet.from_ranges([(1, floor)])) if floor
-                        else PositionSet(), released, [])
+        if floor:
+            got = held if isinstance(held, PositionSet) else PositionSet(sorted(set(held)))
+            mine = got.intersection(PositionSet.from_ranges([(1, floor)])) if got else got
+            if mine:
+                self._exact(book, q, mine, released, [])
         return released
 
     @property
@@ -197,29 +233,14 @@ class GuardBook(Generic[T]):
 
     # -- holding and releasing --------------------------------------------------------------------------------------
 
-    def hold(
-        self,
-        token: T,
-        places: Sequence[Place],
-        now: float,
-        *,
-        nbytes: int = 0,
-        backups: Iterable[str] | None = None,
-    ) -> bool:
-        """Guard ``token`` enqueued at ``places`` (at time ``now``, of size ``nbytes``) on every backup.
-
-        ``backups`` restricts the guarding backups (default: all added ones). Returns False when nothing guards it
-        (no backup, or no replicated place): settle at once. Validates everything before changing anything.
-        Positions on a queue must grow from one hold to the next.
-        """
-        if token in self._remaining:
-            raise ValueError(f"token {token!r} is already held")
-        if backups is None and len(places) == 1:
-            queue, position = places[0]
-            return self.hold_one(token, queue, position, now, nbytes)
+    def hold(self, queue: str, positions: Sequence[int], tokens: Sequence[T], now: float, nbytes: int = 0,
+             *, backups: Iterable[str] | None = None) -> bool:
+        """Guard the places ``positions`` of ``queue`` (ascending, above any held before on it) with their
+        ``tokens``, enqueued at ``now`` with ``nbytes`` in all, on every backup (``backups`` restricts them).
+        Returns False when nothing guards them (no backup): the caller settles at once."""
         if backups is None:
             mask = self._all
-            guards = list(self._backups.values())
+            guards: Iterable[_Backup] = self._backups.values()
         else:
             names = set(backups)
             unknown = names - set(self._backups)
@@ -227,60 +248,40 @@ class GuardBook(Generic[T]):
                 raise ValueError(f"unknown backups in hold: {sorted(unknown)}")
             guards = [self._backups[n] for n in names]
             mask = 0
-            for g in guards:
-                mask |= g.bit
-        if not mask or not places:
+            for b in guards:
+                mask |= b.bit
+        if not mask or not positions:
             return False
-        queues = self._queues
-        for queue, position in places:  # a place already held is the more useful message than a duplicate
-            q = queues.get(queue)
-            if q is not None and any(e.position == position and e.waiting for e in q.entries[q.head:]):
-                raise ValueError(f"place ({queue!r}, {position}) is already held")
-        if len(places) > 1 and len(set(places)) != len(places):
-            raise ValueError(f"duplicate places in hold: {list(places)}")
-        for queue, position in places:
-            if type(position) is not int or position < 1:
-                raise ValueError(f"position must be an int >= 1, got {position!r} on queue {queue!r}")
-            q = queues.get(queue)
-            if q is not None and position <= q.last_position():
-                raise ValueError(f"position {position} on queue {queue!r} does not grow (last {q.last_position()})")
-        for queue, position in places:
-            q = queues.get(queue)
-            if q is None:
-                q = self._queue(queue)
-            q.entries.append(_Entry(token, position, now, nbytes, mask))
-            q.live += 1
-        n = len(places)
-        for g in guards:
-            g.count += n
-            g.nbytes += n * nbytes
-        self._remaining[token] = n
-        self._places += n
-        return True
-
-    def hold_one(self, token: T, queue: str, position: int, now: float, nbytes: int = 0) -> bool:
-        """`hold` of one place on every backup (the usual case, without the list)."""
-        mask = self._all
-        if not mask:
-            return False
-        if token in self._remaining:
-            raise ValueError(f"token {token!r} is already held")
-        if type(position) is not int or position < 1:
-            raise ValueError(f"position must be an int >= 1, got {position!r} on queue {queue!r}")
+        n = len(positions)
+        if len(tokens) != n:
+            raise ValueError(f"{n} positions but {len(tokens)} tokens")
+        first = positions[0]
+        if type(first) is not int or first < 1:
+            raise ValueError(f"positions must be ints >= 1, got {first!r} on queue {queue!r}")
         q = self._queues.get(queue)
         if q is None:
             q = self._queue(queue)
-        elif q.entries and position <= q.entries[-1].position:
-            if any(e.position == position and e.waiting for e in q.entries[q.head:]):
-                raise ValueError(f"place ({queue!r}, {position}) is already held")
-            raise ValueError(f"position {position} on queue {queue!r} does not grow (last {q.last_position()})")
-        q.entries.append(_Entry(token, position, now, nbytes, mask))
-        q.live += 1
-        for g in self._backups.values():
-            g.count += 1
-            g.nbytes += nbytes
-        self._remaining[token] = 1
-        self._places += 1
+        elif q.groups and first <= q.groups[-1].hi:
+            raise ValueError(f"position {first} on queue {queue!r} does not grow (last {q.groups[-1].hi})")
+        ps = list(positions)
+        if n > 1 and ps[-1] - ps[0] < n - 1:  # (only the ends are checked: this runs once per pass and queue)
+            raise ValueError(f"positions on queue {queue!r} must be ascending and distinct")
+        g = _Group(ps, list(tokens), now, nbytes, mask)
+        q.groups.append(g)
+        for b in guards:
+            b.count += n
+            b.nbytes += nbytes
+        self._places += n
+        if q.floors:  # a group across a backup's floor is split there (exact below, in order above)
+            for floor in q.floors.values():
+                if first <= floor < ps[-1]:
+                    for i in range(len(q.groups) - 1, -1, -1):  # the new group's parts are at the end
+                        part = q.groups[i]
+                        if part.positions[0] <= floor < part.hi:
+                            q.split_at(i, bisect_right(part.positions, floor))
+                            break
+                        if part.hi < first:
+                            break
         return True
 
     def acked(self, backup: str, queue: str, positions: Iterable[object]) -> AckResult[T]:
@@ -300,76 +301,72 @@ class GuardBook(Generic[T]):
             self._ignored_acks += total
             return AckResult((), (), total)
         released: list[T] = []
-        acked: list[tuple[int, float]] = []
-        bit = book.bit
-        floor = q.floors.get(bit, _NO_FLOOR)
+        acked: list[tuple[tuple[int, ...], float]] = []
+        floor = q.floors.get(book.bit, _NO_FLOOR)
         if got.min() <= floor:
             exact = got if got.max() <= floor else got.intersection(PositionSet.from_ranges([(1, floor)]))
-            self._exact(book, queue, q, exact, released, acked)
+            self._exact(book, q, exact, released, acked)
         top = got.max()
         if top > floor:
-            self._in_order(book, queue, q, top, released, acked)
-        self._ignored_acks += total - len(acked)
-        return AckResult(tuple(released), tuple(acked), total - len(acked))
+            self._in_order(book, q, top, released, acked)
+        n = sum(len(p) for p, _ in acked)
+        ignored = max(total - n, 0)
+        self._ignored_acks += ignored
+        return AckResult(tuple(released), tuple(acked), ignored)
 
-    def _exact(self, book: _Backup, queue: str, q: _Queue[T], positions: PositionSet, released: list[T],
-               acked: list[tuple[int, float]]) -> None:
+    def _exact(self, book: _Backup, q: _Queue[T], positions: PositionSet, released: list[T],
+               acked: list[tuple[tuple[int, ...], float]]) -> None:
         bit = book.bit
-        entries = q.entries
         for lo, hi in positions.ranges():
-            for i in q.span(lo, hi):
-                entry = entries[i]
-                if entry.waiting & bit:
-                    self._clear(book, queue, q, entry, released, acked)
+            i = q.find(lo, hi).start
+            while i < len(q.groups) and q.groups[i].positions[0] <= hi:
+                g = q.groups[i]
+                if not g.waiting & bit:
+                    i += 1
+                    continue
+                ps = g.positions
+                a, b = bisect_left(ps, lo), bisect_right(ps, hi)
+                if a == b:
+                    i += 1
+                    continue
+                if b < len(ps):
+                    q.split_at(i, b)  # the part after hi stays waiting
+                if a > 0:
+                    q.split_at(i, a)  # the part before lo stays waiting
+                    i += 1
+                self._clear(book, q.groups[i], released, acked)
+                i += 1
+        q.trim()
 
-    def _in_order(self, book: _Backup, queue: str, q: _Queue[T], top: int, released: list[T],
-                  acked: list[tuple[int, float]]) -> None:
-        # The hot loop of replication: one pass per acknowledgement batch over the places it releases, with
-        # _clear and _released inlined.
+    def _in_order(self, book: _Backup, q: _Queue[T], top: int, released: list[T],
+                  acked: list[tuple[tuple[int, ...], float]]) -> None:
         bit = book.bit
-        keep = ~bit
-        entries = q.entries
-        remaining = self._remaining
+        groups = q.groups
         i = max(q.cursors.get(bit, q.base) - q.base, q.head)
-        n = len(entries)
-        count = nbytes = freed = 0
-        while i < n:
-            entry = entries[i]
-            if entry.position > top:
-                break
+        floor = q.floors.get(bit, 0)
+        while i < len(groups) and groups[i].hi <= floor:  # catch-up places (held before the browser): exact only
             i += 1
-            waiting = entry.waiting
-            if not waiting & bit:
-                continue
-            entry.waiting = waiting = waiting & keep
-            count += 1
-            nbytes += entry.nbytes
-            acked.append((entry.position, entry.enqueue_ts))
-            if not waiting:
-                freed += 1
-                token = entry.token
-                left = remaining[token] - 1
-                if left:
-                    remaining[token] = left
-                else:
-                    del remaining[token]
-                    released.append(token)
-        book.count -= count
-        book.nbytes -= nbytes
-        q.live -= freed
-        self._places -= freed
+        while i < len(groups):
+            g = groups[i]
+            if g.positions[0] > top:
+                break
+            if g.hi > top:  # acknowledged part way: the rest waits
+                q.split_at(i, bisect_right(g.positions, top))
+            if g.waiting & bit:
+                self._clear(book, g, released, acked)
+            i += 1
         q.cursors[bit] = q.base + i
-        if q.head < n and not entries[q.head].waiting:
-            q.trim()
+        q.trim()
 
-    def _clear(self, book: _Backup, queue: str, q: _Queue[T], entry: _Entry[T], released: list[T],
-               acked: list[tuple[int, float]]) -> None:
-        entry.waiting &= ~book.bit
-        book.count -= 1
-        book.nbytes -= entry.nbytes
-        acked.append((entry.position, entry.enqueue_ts))
-        if not entry.waiting:
-            self._released(queue, q, entry, released)
+    def _clear(self, book: _Backup, g: _Group[T], released: list[T],
+               acked: list[tuple[tuple[int, ...], float]]) -> None:
+        g.waiting &= ~book.bit
+        n = len(g.positions)
+        book.count -= n
+        book.nbytes -= g.nbytes
+        acked.append((tuple(g.positions), g.ts))
+        if not g.waiting:
+            self._release(g, released)
 
     def dequeued(self, queue: str, positions: int | Iterable[int]) -> list[T]:
         """The primary dequeued ``positions`` of ``queue``: no backup has to acknowledge them any more.
@@ -377,25 +374,35 @@ class GuardBook(Generic[T]):
         Positions that are not guarded (the usual case: released before the consumer took them) are ignored.
         """
         q = self._queues.get(queue)
-        if q is None or not q.live:
+        if q is None or q.head >= len(q.groups):
             return []
         got = PositionSet([positions]) if isinstance(positions, int) else (
             positions if isinstance(positions, PositionSet) else PositionSet(sorted(set(positions))))
         released: list[T] = []
-        backups = self._backups.values()
-        entries = q.entries
         for lo, hi in got.ranges():
-            for i in q.span(lo, hi):
-                entry = entries[i]
-                waiting = entry.waiting
-                if not waiting:
+            if hi < q.groups[q.head].positions[0] or lo > q.groups[-1].hi:
+                continue
+            i = q.find(lo, hi).start
+            while i < len(q.groups) and q.groups[i].positions[0] <= hi:
+                g = q.groups[i]
+                ps = g.positions
+                a, b = bisect_left(ps, lo), bisect_right(ps, hi)
+                if not g.waiting or a == b:
+                    i += 1
                     continue
-                for b in backups:
-                    if waiting & b.bit:
-                        b.count -= 1
-                        b.nbytes -= entry.nbytes
-                entry.waiting = 0
-                self._released(queue, q, entry, released)
+                if b < len(ps):
+                    q.split_at(i, b)
+                if a > 0:
+                    q.split_at(i, a)
+                    i += 1
+                g = q.groups[i]
+                for book in self._backups.values():
+                    if g.waiting & book.bit:
+                        book.count -= len(g.positions)
+                        book.nbytes -= g.nbytes
+                g.waiting = 0
+                self._release(g, released)
+                i += 1
         q.trim()
         return released
 
@@ -404,34 +411,34 @@ class GuardBook(Generic[T]):
         q = self._queues.get(queue)
         if q is None:
             return []
-        released = self.dequeued(queue, PositionSet.from_ranges([(1, q.last_position())])) if q.live else []
+        released = self.dequeued(queue, PositionSet.from_ranges([(1, q.last_position())])) if q.groups else []
         del self._queues[queue]  # a recreated queue numbers from 1 again
         return released
 
     # -- queries ----------------------------------------------------------------------------------------------------
 
     def backlog(self, backup: str) -> int:
-        """Messages (places) guarded by ``backup`` and not yet released by it; 0 for an unknown backup."""
+        """Places guarded by ``backup`` and not yet released by it; 0 for an unknown backup."""
         book = self._backups.get(backup)
         return 0 if book is None else book.count
 
     def in_flight(self, backup: str) -> InFlight:
-        """What ``backup`` still holds up, for replication credit (--ha-flow-messages / --ha-flow-bytes)."""
+        """What ``backup`` still holds up (bytes shared pro rata within a pass's group)."""
         book = self._backups.get(backup)
         return InFlight(0, 0) if book is None else InFlight(book.count, book.nbytes)
 
     def oldest_unacked_ts(self, backup: str) -> float | None:
-        """Enqueue time of the earliest-held place ``backup`` has not released (None if none): for lag_ms."""
+        """Hold time of the earliest place ``backup`` has not released (None if none): for lag_ms."""
         book = self._backups.get(backup)
         if book is None or not book.count:
             return None
         bit = book.bit
         oldest: float | None = None
         for q in self._queues.values():
-            for entry in q.entries[q.head:]:
-                if entry.waiting & bit:
-                    if oldest is None or entry.enqueue_ts < oldest:
-                        oldest = entry.enqueue_ts
+            for g in q.groups[q.head:]:
+                if g.waiting & bit:
+                    if oldest is None or g.ts < oldest:
+                        oldest = g.ts
                     break
         return oldest
 
@@ -441,13 +448,14 @@ class GuardBook(Generic[T]):
         q = self._queues.get(queue)
         if book is None or q is None:
             return PositionSet()
-        return PositionSet(e.position for e in q.entries[q.head:] if e.waiting & book.bit)
+        return PositionSet(p for g in q.groups[q.head:] if g.waiting & book.bit for p in g.positions)
 
     def is_held(self, token: T) -> bool:
-        return token in self._remaining
+        return any(token in g.tokens for q in self._queues.values() for g in q.groups[q.head:] if g.waiting)
 
     def stats(self) -> GuardStats:
-        return GuardStats(tokens_held=len(self._remaining), places_held=self._places, ignored_acks=self._ignored_acks)
+        tokens = {t for q in self._queues.values() for g in q.groups[q.head:] if g.waiting for t in g.tokens}
+        return GuardStats(tokens_held=len(tokens), places_held=self._places, ignored_acks=self._ignored_acks)
 
     # -- internals --------------------------------------------------------------------------------------------------
 
@@ -457,15 +465,9 @@ class GuardBook(Generic[T]):
             q = self._queues[name] = _Queue()
         return q
 
-    def _released(self, queue: str, q: _Queue[T], entry: _Entry[T], released: list[T]) -> None:
-        q.live -= 1
-        self._places -= 1
-        left = self._remaining[entry.token] - 1
-        if left:
-            self._remaining[entry.token] = left
-        else:
-            del self._remaining[entry.token]
-            released.append(entry.token)
+    def _release(self, g: _Group[T], released: list[T]) -> None:
+        self._places -= len(g.positions)
+        released.extend(g.tokens)
 
 
 def _valid(positions: Iterable[object]) -> tuple[PositionSet, int]:
