@@ -9,12 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from proton import Condition, Endpoint
 
 from broker.exchange import BindingKey, parse_binding_name
+from broker.links import ConsumerLink, EventsLink, LinkHandler, PublisherLink
+from broker.log import get_logger
+from broker.message import current_properties, decode
 from broker.options import EXCHANGE_ARGUMENTS, QUEUE_ARGUMENTS, BadArgument, normalize
-from broker.queue import Queue
-from broker.wiring import InvalidRequest, NotFound, Wiring, WiringError
+from broker.queue import AVAILABLE, DequeueReason, Queue
+from broker.wiring import Conflict, InvalidRequest, NotFound, Wiring, WiringError
+
+if TYPE_CHECKING:
+    from broker.connections import ConnectionState
+    from broker.server import Server
+
+log = get_logger("broker")
 
 OPERATIONS = ("CREATE", "READ", "UPDATE", "DELETE", "QUERY")
 TYPES = ("queue", "exchange", "binding", "broker")
@@ -252,3 +263,195 @@ def _normalized(args: dict[str, Any], table: Mapping[str, Callable[[str, Any], A
         return normalize(args, table)
     except BadArgument as e:
         raise InvalidRequest(str(e)) from None
+
+
+# ----- operator actions on the running broker ---------------------------------------------------------------------
+class BrokerOperations:
+    """PURGE and MOVE on queues, QUERY and DELETE (close) on connections: operator actions that need the running
+    server (its role, the consumers to wake, the connections), registered beside the CRUD operations by
+    `install_operations`. A refusal changes nothing and is logged (`management.refused`) with its reason.
+
+    On a backup these writes are refused (409): its queues are replicas that only its primary changes. On the
+    primary they replicate like any consumer's work: a purge or a move is a dequeue of each message (sent to the
+    backups as dequeue ranges), and a move enqueues on the destination through the ordinary queue API.
+    """
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.queues = server.wiring.queues
+
+    def install(self) -> None:
+        m = self.server.management
+        m.register("queue", "PURGE", self._logged(self.purge), write=True)
+        m.register("queue", "MOVE", self._logged(self.move), write=True)
+        m.register("connection", "QUERY", self._logged(self.query_connections), write=False)
+        m.register("connection", "DELETE", self._logged(self.close_connection), write=True)
+
+    @staticmethod
+    def _logged(fn: ExtensionOp) -> ExtensionOp:
+        def op(req: Request) -> Response:
+            try:
+                return fn(req)
+            except WiringError as e:
+                log.warning("management.refused", operation=req.operation, type=req.type, name=req.name,
+                            status=e.status, description=str(e), user=req.user)
+                return Response(e.status, str(e))
+
+        return op
+
+    # ----- queues -------------------------------------------------------------------------------------------------
+    def _queue(self, name: Any, what: str = "queue") -> Queue:
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"{what} name missing (application property 'name')")
+        q = self.queues.get(name)
+        if q is None:
+            raise NotFound(f"{what} {name!r} not found")
+        return q
+
+    def _writable(self, q: Queue) -> None:
+        role, _ = self.server.role_epoch()
+        if role == "backup":
+            raise Conflict(f"this broker is a backup: queue {q.name!r} is a replica; do this on the primary")
+
+    @staticmethod
+    def _body(req: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if req.body is None:
+            return {}
+        if not isinstance(req.body, dict):
+            raise InvalidRequest(f"request body must be a map, got {type(req.body).__name__}")
+        unknown = sorted(str(k) for k in req.body if k not in allowed)
+        if unknown:
+            raise InvalidRequest(f"unknown attribute {unknown[0]!r} (expected {', '.join(allowed) or 'none'})")
+        return dict(req.body)
+
+    def purge(self, req: Request) -> Response:
+        """Remove every available message (acquired ones stay with their consumers)."""
+        q = self._queue(req.name)
+        self._body(req, ())
+        self._writable(q)
+        gone = [e for e in map(q.get, list(q.positions())) if e is not None and e.state == AVAILABLE]
+        for e in gone:
+            q.dequeue(e, DequeueReason.PURGED)
+        log.info("queue.purged", queue=q.name, count=len(gone), acquired=q.acquired_count, user=req.user)
+        return Response(200, f"purged {len(gone)} messages from {q.name}", {"purged": len(gone), "depth": q.depth})
+
+    def move(self, req: Request) -> Response:
+        """Move the oldest `count` available messages (all without a count) to the queue `destination`, each keeping
+        its body, properties and expiry; all or nothing (refused when the destination has no room for them)."""
+        src = self._queue(req.name)
+        body = self._body(req, ("destination", "count"))
+        count = body.get("count")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise InvalidRequest(f"count must be an integer >= 1, got {count!r}")
+        if "destination" not in body:
+            raise InvalidRequest("destination missing (attribute 'destination': a queue name)")
+        dst = self._queue(body["destination"], "destination queue")
+        if dst is src:
+            raise InvalidRequest(f"source and destination are the same queue {src.name!r}")
+        self._writable(src)
+        self._writable(dst)
+        taken = []
+        for pos in src.positions():
+            e = src.get(pos)
+            if e is not None and e.state == AVAILABLE:
+                taken.append(e)
+                if count is not None and len(taken) == count:
+                    break
+        room = _room(dst, len(taken), sum(e.size for e in taken))
+        if room is not None:
+            raise Conflict(f"destination queue {dst.name!r} has no room for {len(taken)} messages: {room}")
+        lvq = dst.options.lvq_key
+        for e in taken:
+            data = e.data
+            meta = decode(data, trusted=True)
+            props = current_properties() if lvq is not None else None
+            dst.enqueue(data, meta.priority, e.expires, meta.durable, (props or {}).get(lvq) if lvq else None)
+            src.dequeue(e, DequeueReason.PURGED)  # gone from this queue by an operator's hand
+        if taken:
+            self.server.wake_queue(dst)
+        log.info("queue.moved", queue=src.name, destination=dst.name, count=len(taken), user=req.user)
+        return Response(200, f"moved {len(taken)} messages from {src.name} to {dst.name}",
+                        {"moved": len(taken), "depth": src.depth, "destination_depth": dst.depth})
+
+    # ----- connections --------------------------------------------------------------------------------------------
+    def query_connections(self, req: Request) -> Response:
+        body = self._body(req, ("attributeNames",))
+        rows = [connection_read(st) for st in self.server.connections.states()]
+        names = body.get("attributeNames")
+        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+            raise InvalidRequest("attributeNames must be a list of strings")
+        if not names:
+            names = sorted({k for r in rows for k in r}) or sorted(CONNECTION_ATTRIBUTES)
+        return Response(200, "OK", {"attributeNames": names, "results": [[r.get(n) for n in names] for r in rows]},
+                        {"count": len(rows)})
+
+    def close_connection(self, req: Request) -> Response:
+        """Close one connection (name: its id) with amqp:connection:forced; its unsettled messages go back."""
+        text = req.name
+        if not isinstance(text, str) or not text.strip().isdigit():
+            raise InvalidRequest(f"connection name must be its id (an integer, see QUERY connection), got {text!r}")
+        ident = int(text)
+        st = next((s for s in self.server.connections.states() if s.id == ident), None)
+        if st is None:
+            raise NotFound(f"connection {ident} not found")
+        c = st.connection
+        if not c.state & Endpoint.LOCAL_ACTIVE:
+            raise Conflict(f"connection {ident} is already closing")
+        row = connection_read(st)
+        for h in list(st.links):  # now, not when the peer answers: what its consumers held goes back at once
+            self.server.connections.link_gone(h.link)
+        c.condition = Condition("amqp:connection:forced", f"closed by an operator (management, user {req.user})")
+        c.close()
+        log.warning("connection.closed_by_operator", connection=ident, remote=st.remote, kind=st.kind,
+                    user=st.user, by=req.user)
+        return Response(200, f"connection {ident} ({st.remote}, {st.kind}) closed", row)
+
+
+CONNECTION_ATTRIBUTES = ("id", "remote", "user", "kind", "admin", "container", "links", "consumers", "publishers")
+
+
+def connection_read(st: ConnectionState) -> dict[str, Any]:
+    links = sorted((_link_read(h) for h in st.links), key=lambda r: r["name"])
+    return {
+        "id": st.id,
+        "remote": st.remote,
+        "user": st.user,
+        "kind": st.kind,
+        "admin": st.admin,
+        "container": st.connection.remote_container,
+        "links": links,
+        "consumers": sum(1 for r in links if r["kind"] in ("consumer", "browser")),
+        "publishers": sum(1 for r in links if r["kind"] == "publisher"),
+    }
+
+
+def _link_read(h: LinkHandler) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": h.link.name, "kind": type(h).__name__, "address": None}
+    if isinstance(h, PublisherLink):
+        row.update(kind="publisher", address=h.address, unsettled=h.unsettled)
+    elif isinstance(h, ConsumerLink):
+        row.update(kind="browser" if h.browse else "consumer", address=h.queue.name, unsettled=len(h.unacked),
+                   credit=h.credit)
+    elif isinstance(h, EventsLink):
+        row.update(kind="events", address="$events")
+    else:
+        ends = (h.link.remote_target if h.link.is_receiver else h.link.remote_source)
+        row["address"] = ends.address if ends is not None else None
+    return row
+
+
+def _room(q: Queue, n: int, size: int) -> str | None:
+    """Why `n` more messages of `size` bytes in all do not fit `q` (limits with policy reject), or None."""
+    o = q.options
+    if o.ring or o.lvq_key is not None:
+        return None
+    if o.max_count is not None and q.depth + n > o.max_count:
+        return f"max-count {o.max_count}, depth {q.depth}"
+    if o.max_size is not None and q.bytes + size > o.max_size:
+        return f"max-size {o.max_size}, {q.bytes} bytes queued, {size} to move"
+    return None
+
+
+def install_operations(server: Server) -> None:
+    """Register the operator actions (queue PURGE/MOVE, connection QUERY/DELETE) on a server before it starts."""
+    BrokerOperations(server).install()

@@ -52,8 +52,18 @@ class Ctx:
         if r.status == 400 and "unknown type" in r.description:
             fail(f"{self.target} is not an HA broker (started without --ha-cluster)")
         if not r.ok:
-            fail(f"{operation.lower()} refused by {self.target}: {r.description}")
+            fail(f"{operation.lower()} refused by {self.target}: {r.status} {r.description}")
         return r.body if isinstance(r.body, dict) else {"description": r.description}
+
+    def call_type(self, operation: str, type_: str, name: str | None = None, body: Any = None) -> Reply:
+        """A broker operation (queue, connection): exits 1 with the broker's status and reason when refused."""
+        r = self.request(operation, type_, name, body)
+        if r.status == 400 and "unknown type" in r.description:
+            fail(f"{self.target} does not offer {operation} {type_} (an older broker?)")
+        if not r.ok:
+            what = f"{operation.lower()} {type_}" + (f" {name}" if name else "")
+            fail(f"{what} refused by {self.target}: {r.status} {r.description}")
+        return r
 
 
 @click.group()
@@ -124,6 +134,78 @@ def replicate(obj: Ctx, queue: str, level: str) -> None:
     """Set the replication level of an existing queue (run against the primary)."""
     obj.call("REPLICATE", name=queue, body={"level": level})
     click.echo(f"queue {queue} replicates {level}")
+
+
+@cli.command("set")
+@click.option("--brokers-url", default=None, help="new --ha-brokers-url: host:port of every broker, comma separated")
+@click.option("--public-url", default=None, help="new --ha-public-url: what clients use (the VIP)")
+@click.pass_obj
+def set_urls(obj: Ctx, brokers_url: str | None, public_url: str | None) -> None:
+    """Change this broker's brokers URL and/or public URL now (not kept across a restart: change the config too)."""
+    body = {k: v for k, v in (("brokers_url", brokers_url), ("public_url", public_url)) if v is not None}
+    if not body:
+        raise click.UsageError("give --brokers-url and/or --public-url")
+    st = obj.call("SET", body=body)
+    click.echo(f"{st.get('name')}: brokers_url {st.get('brokers_url')}, public_url "
+               f"{st.get('configured_public_url') or '-'} (until restart)")
+
+
+@cli.command()
+@click.argument("queue")
+@click.pass_obj
+def purge(obj: Ctx, queue: str) -> None:
+    """Remove every available message from QUEUE (on the primary; backups follow)."""
+    r = obj.call_type("PURGE", "queue", queue)
+    click.echo(f"purged {r.body['purged']} messages from {queue} ({r.body['depth']} left, held by consumers)"
+               if r.body["depth"] else f"purged {r.body['purged']} messages from {queue}")
+
+
+@cli.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="move only the oldest COUNT messages")
+@click.pass_obj
+def move(obj: Ctx, source: str, destination: str, count: int | None) -> None:
+    """Move the available messages of SOURCE (or the oldest --count) to DESTINATION (on the primary)."""
+    body: dict[str, Any] = {"destination": destination}
+    if count is not None:
+        body["count"] = count
+    r = obj.call_type("MOVE", "queue", source, body)
+    click.echo(f"moved {r.body['moved']} messages from {source} to {destination} "
+               f"({r.body['depth']} left on {source})")
+
+
+@cli.command()
+@click.option("-f", "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_obj
+def connections(obj: Ctx, fmt: str) -> None:
+    """List the broker's connections with their links (publishers, consumers, browsers)."""
+    rows = obj.call_type("QUERY", "connection").rows()
+    if fmt == "json":
+        click.echo(json.dumps(rows, sort_keys=True, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table()
+    for col in ("Id", "Remote", "User", "Kind", "Container", "Links"):
+        t.add_column(col, no_wrap=col != "Links", justify="right" if col == "Id" else "left")
+    for c in sorted(rows, key=lambda c: c["id"]):
+        links = "\n".join(f"{lk['kind']} {lk.get('address') or ''}".rstrip()
+                          + (f" unsettled={lk['unsettled']}" if lk.get("unsettled") else "")
+                          for lk in c["links"])
+        t.add_row(str(c["id"]), c["remote"] or "", c["user"] or "", c["kind"], c["container"] or "", links)
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+
+
+@cli.command("close-connection")
+@click.argument("connection_id", metavar="ID")
+@click.pass_obj
+def close_connection(obj: Ctx, connection_id: str) -> None:
+    """Close connection ID (see `connections`): the client gets amqp:connection:forced, its unsettled messages go
+    back to their queues."""
+    r = obj.call_type("DELETE", "connection", connection_id)
+    click.echo(r.description)
 
 
 def main() -> None:

@@ -13,13 +13,13 @@ from typing import Any
 
 from proton import Message
 
-from broker.config import BrokerConfig, Coordinator
+from broker.config import BrokerConfig, ConfigError, Coordinator, flag_name, load_config
 from broker.connections import ConnectionState
 from broker.errors import Refusal
 from broker.extension import Extension
 from broker.links import Completion, LinkHandler
 from broker.log import get_logger
-from broker.management import Request, Response
+from broker.management import Request, Response, install_operations
 from broker.message import properties_of
 from broker.options import REPLICATE_KEY, REPLICATE_VALUES
 from broker.queue import Entry, Queue
@@ -45,6 +45,7 @@ class HaNode(Extension):
         self.store: EpochStore | None = EpochStore(self.config.data_dir) if self.config.data_dir else None
         self.epoch = self.store.load() if self.store else 0
         self.membership = Membership(self.epoch, ())
+        self.membership_since: float | None = None  # when the current list was adopted (ha-status: "stale since")
         self.default_level = self.config.ha_replicate.value
         self.primary: Primary | None = None
         self.backup: Backup | None = None
@@ -62,6 +63,7 @@ class HaNode(Extension):
         m.register(P.MGMT_TYPE, "DEMOTE", self.op_demote, write=True)
         m.register(P.MGMT_TYPE, "REPLICATE", self.op_replicate, write=True)
         m.register(P.MGMT_TYPE, "BROWSE", self.op_browse, write=False)
+        m.register(P.MGMT_TYPE, "SET", self.op_set, write=True)
 
     # ----- the broker's extension points (each handed to the current role) ------------------------------------
     def started(self, server: Server) -> None:
@@ -122,6 +124,7 @@ class HaNode(Extension):
     def set_membership(self, m: Membership) -> None:
         if m != self.membership:
             self.membership = m
+            self.membership_since = time.time()
             log.info("ha.membership", epoch=m.epoch, members=m.event_members())
 
     def adopt_epoch(self, epoch: int) -> None:
@@ -252,6 +255,8 @@ class HaNode(Extension):
                 self.server.id if self.primary else None),
             "default_level": self.default_level,
             "members": members,
+            "membership_since": self.membership_since,
+            "configured_public_url": self.config.ha_public_url,
             "queues": sum(1 for q in self.server.wiring.queues.values()
                           if P.queue_level(q, self.default_level) == "all"),
             "time": time.time(),
@@ -318,7 +323,48 @@ class HaNode(Extension):
         return Response(200, f"queue {q.name} now replicates {level}")
 
 
+    def op_set(self, req: Request) -> Response:
+        """Change this broker's --ha-brokers-url and/or --ha-public-url at run time (`ha-admin set`), checked by the
+        same rules as the configuration. The brokers URL is used from the next connection attempt to a primary, the
+        public URL from the next open frame, membership message and redirect. Not persisted across a restart."""
+        body = req.body
+        if not isinstance(body, dict) or not body:
+            return self._refused_set(400, "body must be a map with brokers_url and/or public_url")
+        unknown = sorted(str(k) for k in body if k not in SETTABLE)
+        if unknown:
+            return self._refused_set(400, f"unknown setting {unknown[0]!r} (expected {', '.join(SETTABLE)})")
+        changes = {f"ha_{k}": v for k, v in body.items()}
+        bad = [f"{flag_name(k)}: must be a string (got {v!r})" for k, v in changes.items() if not isinstance(v, str)]
+        if bad:
+            return self._refused_set(400, bad[0])
+        try:
+            new = load_config({**self.config.model_dump(), **changes})
+        except ConfigError as e:
+            return self._refused_set(400, "; ".join(e.lines))
+        old = self.config
+        self.config = self.server.config = new
+        if self.backup is not None:
+            self.backup.config = new
+            self.backup.candidates = list(new.brokers)
+            self.backup.index = 0
+            self.backup.kick()  # not connected: try the new list now
+        if self.primary is not None:
+            self.primary.config = new
+            self.primary.broadcast_membership()  # backups redirect clients to the public URL it carries
+        log.warning("ha.settings.changed", brokers_url=new.ha_brokers_url, public_url=new.ha_public_url,
+                    previous_brokers_url=old.ha_brokers_url, previous_public_url=old.ha_public_url, user=req.user)
+        return Response(200, f"{', '.join(sorted(body))} changed (until restart)", self.status())
+
+    def _refused_set(self, status: int, text: str) -> Response:
+        log.warning("ha.settings.refused", status=status, description=text)
+        return Response(status, text)
+
+
+SETTABLE = ("brokers_url", "public_url")
+
+
 def install(server: Server) -> None:
     """The `ha-broker` plugin: HA when --ha-cluster is set, a plain broker otherwise."""
+    install_operations(server)  # the broker's operator actions (queue PURGE/MOVE, connections) in either mode
     if server.config.ha_cluster:
         HaNode(server).install()

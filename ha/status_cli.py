@@ -2,7 +2,13 @@
 
     ha-status --broker 127.0.0.1:5672            # table
     ha-status --broker 127.0.0.1:5672 -f json    # the same content as JSON (stable field names)
-    ha-status --broker 127.0.0.1:5672 --all -w 2 # ask every member itself, refresh every 2 s
+    ha-status --broker 127.0.0.1:5672 --all -w 2 # with epoch and position, refresh every 2 s
+    ha-status --broker 127.0.0.1:5672 --expect ready   # exit 0 if that broker is ready, 1 otherwise
+    ha-status --broker 127.0.0.1:5672 --is-primary     # exit 0 if that broker is the primary, 1 otherwise
+
+Every row is what that member says of itself (its own STATUS answer, asked in parallel): a broker's membership list
+is only its last knowledge of the others (a primary that stepped down still holds the list in which it was primary),
+so it is used to find members and to say what was last known of one that does not answer, never as the row.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import click
@@ -20,9 +27,12 @@ from rich.text import Text
 
 from broker.client import ManagementClient, ManagementError
 from ha import protocol as P
+from ha.core.states import HaState, Role
 
 STATE_STYLE = {"active": "bold green", "ready": "green", "catchup": "yellow", "joining": "red",
                "recovering": "bold yellow", "unreachable": "bold red"}
+# What --expect accepts: an HA state, or a role (any state of that role).
+EXPECTABLE = (*(s.value for s in HaState if s is not HaState.STANDALONE), Role.PRIMARY.value, Role.BACKUP.value)
 
 
 def fetch(url: str, timeout: float, user: str | None, password: str | None) -> dict[str, Any]:
@@ -36,55 +46,103 @@ def fetch(url: str, timeout: float, user: str | None, password: str | None) -> d
         return body
 
 
+def _try_fetch(url: str, timeout: float, user: str | None, password: str | None) -> dict[str, Any] | str:
+    try:
+        return fetch(url, timeout, user, password)
+    except ManagementError as e:
+        return str(e)
+
+
+def ask_all(urls: list[str], timeout: float, user: str | None, password: str | None) -> dict[str, dict[str, Any] | str]:
+    """Each address's own STATUS (or why there is none), asked in parallel: a dead host costs one timeout, not one
+    per member."""
+    if not urls:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
+        futures = {u: pool.submit(_try_fetch, u, timeout, user, password) for u in urls}
+        return {u: f.result() for u, f in futures.items()}
+
+
+def _addresses(brokers_url: str | None) -> list[str]:
+    return [u.strip() for u in (brokers_url or "").split(",") if u.strip()]
+
+
+def _clock(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "?"
+
+
 def collect(url: str, all_members: bool, timeout: float, user: str | None, password: str | None) -> dict[str, Any]:
-    """The cluster view: the asked broker's status, completed by the primary's (backlog/lag) and, with
-    `all_members`, by each member's own answer."""
+    """The cluster view. The asked broker must answer (else ManagementError); every other member found in its
+    membership list or its --ha-brokers-url is asked too. A member that does not answer is `unreachable`, with
+    what the asked broker last knew of it (`stale`) when its list names it. `all_members` only widens the table
+    (epoch and position columns); the JSON always has them."""
     st = fetch(url, timeout, user, password)
-    view: dict[str, Any] = {
+    listed = {m["name"]: m for m in st.get("members", []) if isinstance(m, dict) and m.get("name")}
+    # brokers_url first: those are the addresses the cluster is configured with (a member's own address may be a
+    # wildcard such as 0.0.0.0:5672 when it listens on every interface).
+    todo: list[str] = []
+    for a in [*_addresses(st.get("brokers_url")), *(m.get("address") for m in listed.values())]:
+        if a and a not in todo and a not in (url, st.get("address")):
+            todo.append(a)
+    answers: dict[str, tuple[str, dict[str, Any]]] = {st["name"]: (url, st)}  # name -> (address asked, answer)
+    failed: dict[str, str] = {}  # address -> why it did not answer
+    for addr, got in ask_all(todo, timeout, user, password).items():
+        if isinstance(got, str):
+            failed[addr] = got
+        elif got.get("name") not in answers:
+            answers[got["name"]] = (addr, got)
+    primaries = sorted(n for n, (_, a) in answers.items() if a.get("role") == Role.PRIMARY.value)
+    rows: list[dict[str, Any]] = []
+    for name, (addr, a) in answers.items():
+        row: dict[str, Any] = {
+            "name": name, "address": addr, "role": a.get("role"), "state": a.get("state"),
+            "epoch": a.get("epoch"), "position": a.get("position"), "queues": a.get("queues"),
+            "backlog": None, "lag_ms": None, "primary": a.get("primary"), "source": "self",
+            "as_of": a.get("time"),
+        }
+        followed = answers.get(a.get("primary") or "")
+        if a.get("role") == Role.BACKUP.value and followed is not None \
+                and followed[1].get("role") == Role.PRIMARY.value:
+            seen = next((m for m in followed[1].get("members", []) if m.get("name") == name), None)
+            if seen is not None:  # backlog and lag exist only on the primary's side
+                row["backlog"] = seen.get("backlog", 0)
+                row["lag_ms"] = seen.get("lag_ms", 0.0)
+                row["queues"] = seen.get("queues", row["queues"])
+                if "catchup" in seen:
+                    row["catchup"] = seen["catchup"]
+        rows.append(row)
+    covered = {r["address"] for r in rows}
+    for name, m in listed.items():
+        if name in answers:
+            continue
+        covered.add(m.get("address"))
+        rows.append({
+            "name": name, "address": m.get("address"), "role": None, "state": "unreachable", "epoch": None,
+            "position": None, "queues": None, "backlog": None, "lag_ms": None, "primary": None,
+            "source": "unreachable", "as_of": None, "error": failed.get(m.get("address") or "", "no answer"),
+            "stale": {"role": m.get("role"), "state": m.get("state"), "by": st["name"],
+                      "since": st.get("membership_since")},
+        })
+    for addr, why in failed.items():
+        if addr not in covered:
+            rows.append({
+                "name": None, "address": addr, "role": None, "state": "unreachable", "epoch": None,
+                "position": None, "queues": None, "backlog": None, "lag_ms": None, "primary": None,
+                "source": "unreachable", "as_of": None, "error": why,
+            })
+    rows.sort(key=lambda r: (r["role"] != Role.PRIMARY.value, r["name"] is None, r["name"] or r["address"]))
+    lead = answers[primaries[0]][1] if len(primaries) == 1 else None
+    epochs = [a.get("epoch") or 0 for _, a in answers.values()]
+    return {
         "queried": url,
         "brokers_url": st.get("brokers_url"),
-        "public_url": st.get("public_url"),
-        "epoch": st.get("epoch"),
-        "members": [],
+        "public_url": (lead or st).get("public_url"),
+        "epoch": lead.get("epoch") if lead else max(epochs),
+        "primary": primaries[0] if len(primaries) == 1 else None,
+        "primaries": primaries,
+        "time": time.time(),
+        "members": rows,
     }
-    members = {m["name"]: dict(m) for m in st.get("members", [])}
-    if not members:
-        members[st["name"]] = {k: st.get(k) for k in ("name", "address", "role", "state")}
-    primary = next((m for m in members.values() if m.get("role") == "primary"), None)
-    if st.get("role") != "primary" and primary is not None and primary.get("address"):
-        try:
-            pst = fetch(primary["address"], timeout, user, password)
-            for m in pst.get("members", []):
-                members.setdefault(m["name"], {}).update(m)
-            view["epoch"] = pst.get("epoch", view["epoch"])
-            view["public_url"] = pst.get("public_url") or view["public_url"]
-        except ManagementError:
-            primary["state"] = "unreachable"
-    if all_members:
-        for m in members.values():
-            try:
-                own = fetch(m["address"], timeout, user, password)
-                m.update({"role": own["role"], "state": own["state"], "epoch": own["epoch"],
-                          "position": own["position"]})
-            except (ManagementError, KeyError):
-                m["state"] = "unreachable"
-    for m in sorted(members.values(), key=lambda m: (m.get("role") != "primary", m["name"])):
-        row = {
-            "name": m["name"],
-            "address": m.get("address"),
-            "role": m.get("role"),
-            "state": m.get("state"),
-            "queues": m.get("queues", st.get("queues") if m["name"] == st.get("name") else None),
-            "backlog": m.get("backlog", 0 if m.get("role") == "backup" else None),
-            "lag_ms": m.get("lag_ms", 0.0 if m.get("role") == "backup" else None),
-        }
-        if "catchup" in m:
-            row["catchup"] = m["catchup"]
-        if "position" in m:
-            row["position"] = m["position"]
-            row["epoch"] = m.get("epoch")
-        view["members"].append(row)
-    return view
 
 
 def collect_zk(hosts: str, path: str, timeout: float) -> dict[str, Any]:
@@ -111,54 +169,109 @@ def collect_zk(hosts: str, path: str, timeout: float) -> dict[str, Any]:
     }
 
 
-def render(view: dict[str, Any]) -> Group:
+def headline(view: dict[str, Any]) -> tuple[str, str] | None:
+    """Who is primary, as (text, style); None for a view that does not say (ZooKeeper)."""
+    if "primaries" not in view:
+        return None
+    primaries = view["primaries"]
+    if len(primaries) > 1:
+        return f"MORE THAN ONE PRIMARY: {', '.join(primaries)}", "bold red"
+    if primaries:
+        return f"primary {primaries[0]}", "bold green"
+    last = [m["name"] for m in view["members"] if (m.get("stale") or {}).get("role") == Role.PRIMARY.value]
+    return "NO PRIMARY" + (f" (last known primary {', '.join(last)} does not answer)" if last else ""), "bold red"
+
+
+def _note(m: dict[str, Any]) -> str:
+    s = m.get("stale")
+    if s:
+        return f"stale since {_clock(s.get('since'))}: {s.get('role')} {s.get('state')} (per {s.get('by')})"
+    return "no answer" if m.get("source") == "unreachable" else ""
+
+
+def render(view: dict[str, Any], all_members: bool = False) -> Group:
     header = Text.assemble(
         ("Cluster ", "bold"), (view.get("brokers_url") or "?", "cyan"),
         ("  public ", "bold"), (str(view.get("public_url") or "-"), "cyan"),
         ("  epoch ", "bold"), (str(view.get("epoch")), "magenta"),
     )
+    head = headline(view)
+    if head is not None:
+        header.append("  ")
+        header.append(*head)
     if view.get("waiting"):
         header.append(f"  NO PRIMARY: waiting ({view['waiting']})", "bold red")
     t = Table(show_lines=False)
-    cols = ["Member", "Address", "Role", "State", "Epoch", "Position", "Queues", "Backlog", "Lag ms", "Catch-up"]
-    with_pos = any("position" in m and m.get("position") is not None for m in view["members"])
+    cols = ["Member", "Address", "Role", "State", "Epoch", "Position", "Queues", "Backlog", "Lag ms", "Catch-up",
+            "Note"]
+    zk = "primaries" not in view  # ZooKeeper's view: positions as published there
+    with_pos = all_members or (zk and any(m.get("position") is not None for m in view["members"]))
     if not with_pos:
         cols.remove("Epoch")
         cols.remove("Position")
+    with_note = any(_note(m) for m in view["members"])
+    if not with_note:
+        cols.remove("Note")
     for col in cols:
-        t.add_column(col, justify="right" if col in ("Epoch", "Position", "Queues", "Backlog", "Lag ms") else "left", no_wrap=True)
+        t.add_column(col, justify="right" if col in ("Epoch", "Position", "Queues", "Backlog", "Lag ms") else "left",
+                     no_wrap=True)
     for m in view["members"]:
         state = m.get("state") or "?"
         bar: Any = ""
         cu = m.get("catchup")
         if state == "catchup" and cu:
             bar = ProgressBar(total=1.0, completed=float(cu.get("fraction", 0.0)), width=20)
-        extra = [str(m.get("epoch", "")), str(m.get("position", ""))] if with_pos else []
+        extra = ["" if m.get(k) is None else str(m[k]) for k in ("epoch", "position")] if with_pos else []
         t.add_row(
-            m["name"], m.get("address") or "", m.get("role") or "", Text(state, STATE_STYLE.get(state, "")),
+            m.get("name") or "-", m.get("address") or "", m.get("role") or "", Text(state, STATE_STYLE.get(state, "")),
             *extra,
             "" if m.get("queues") is None else str(m["queues"]),
             "" if m.get("backlog") is None else str(m["backlog"]),
             "" if m.get("lag_ms") is None else f"{m['lag_ms']:.1f}",
             bar,
+            *([Text(_note(m), "dim")] if with_note else []),
         )
     return Group(header, t)
 
 
+def check(broker: str, expect: str | None, timeout: float, user: str | None, password: str | None) -> int:
+    """--expect STATE / --is-primary (expect == "primary"): one line, exit code 0 when it holds, 1 otherwise."""
+    try:
+        st = fetch(broker, timeout, user, password)
+    except ManagementError as e:
+        click.echo(f"ha-status: {e}", err=True)
+        return 1
+    name, role, state = st.get("name"), st.get("role"), st.get("state")
+    if expect in (role, state):
+        click.echo(f"{name} is {role} {state}")
+        return 0
+    click.echo(f"ha-status: {name} is {role} {state}, expected {expect}", err=True)
+    return 1
+
+
 @click.command()
 @click.option("--broker", "-b", default="127.0.0.1:5672", show_default=True, help="any member's host:port")
-@click.option("--all", "all_members", is_flag=True, help="also ask every member directly")
+@click.option("--all", "all_members", is_flag=True, help="also show each member's epoch and position")
 @click.option("-f", "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-w", "--watch", type=float, default=None, help="refresh every SECONDS until Ctrl-C")
+@click.option("--expect", type=click.Choice(EXPECTABLE), default=None,
+              help="only check: exit 0 if this broker is in STATE (or has this role), 1 otherwise")
+@click.option("--is-primary", is_flag=True, help="only check: exit 0 if this broker is the primary, 1 otherwise")
 @click.option("--timeout", default=5.0, show_default=True)
 @click.option("--user", default=None)
 @click.option("--password", default=None)
 @click.option("--zk-hosts", default=None, help="read the cluster from ZooKeeper instead of a broker")
 @click.option("--zk-path", default="/understudy/default", show_default=True)
-def cli(broker: str, all_members: bool, fmt: str, watch: float | None, timeout: float, user: str | None,
-        password: str | None, zk_hosts: str | None, zk_path: str) -> None:
+def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: str | None, is_primary: bool,
+        timeout: float, user: str | None, password: str | None, zk_hosts: str | None, zk_path: str) -> None:
     """Show the HA cluster: members, roles, states, backlog and lag of each backup."""
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    if expect is not None or is_primary:
+        clash = [flag for flag, given in (("--expect", expect is not None and is_primary), ("--watch", watch),
+                                          ("--zk-hosts", zk_hosts)) if given]
+        if clash:
+            raise click.UsageError(f"--expect/--is-primary check one broker once: not with {clash[0]}")
+        sys.exit(check(broker, "primary" if is_primary else expect, timeout, user, password))
+    console = Console(width=None if sys.stdout.isatty() else 160)
     while True:
         try:
             if zk_hosts:
@@ -176,7 +289,7 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, timeout: 
             else:
                 if watch is not None:
                     console.clear()
-                console.print(render(view))
+                console.print(render(view, all_members))
         if watch is None:
             return
         try:
