@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from proton import Condition, Delivery, Link, Message
 
+from broker.delivery_limit import dead_letter_if_over
 from broker.engine import raw
 from broker.errors import MessageRefused
 from broker.message import with_delivery_header
@@ -200,7 +201,8 @@ class ConsumerLink(LinkHandler):
             failed = bool(raw.disposition_is_failed(disp))
             if raw.disposition_is_undeliverable(disp):
                 self.undeliverable.add(entry.position)
-            q.release(entry, delivery_failed=failed, redelivered=failed)
+            if not (failed and dead_letter_if_over(self.server, q, entry)):
+                q.release(entry, delivery_failed=failed, redelivered=failed)
             self.server.wake_queue(q)
         elif state == raw.REJECTED:
             data = entry.data
@@ -216,7 +218,8 @@ class ConsumerLink(LinkHandler):
         n = 0
         for entry in self.unacked.values():
             if entry.state == ACQUIRED:
-                self.queue.release(entry, delivery_failed=True, redelivered=True)
+                if not dead_letter_if_over(self.server, self.queue, entry):
+                    self.queue.release(entry, delivery_failed=True, redelivered=True)
                 n += 1
         self.unacked.clear()
         if n:

@@ -74,13 +74,14 @@ QUEUE_ARGUMENTS: dict[str, Callable[[str, Any], Any]] = {
     "auto-delete": _bool,
     "auto-delete-timeout": _int(0),  # seconds
     "alternate-exchange": _str,
+    "delivery-limit": _int(1),  # failed deliveries, then the message is dead-lettered
     "durable": _bool,
     REPLICATE_KEY: _choice(*REPLICATE_VALUES),
 }
 
 # Arguments that may change after creation (management UPDATE).
 QUEUE_UPDATABLE = frozenset(
-    {"max-count", "max-size", "limit-policy", "default-ttl", "alternate-exchange", REPLICATE_KEY}
+    {"max-count", "max-size", "limit-policy", "default-ttl", "alternate-exchange", "delivery-limit", REPLICATE_KEY}
 )
 
 EXCHANGE_ARGUMENTS: dict[str, Callable[[str, Any], Any]] = {
@@ -128,6 +129,7 @@ class QueueOptions:
     auto_delete: bool = False
     auto_delete_timeout: float = 0.0
     alternate_exchange: str | None = None
+    delivery_limit: int | None = None
     durable: bool = False
 
     @classmethod
@@ -147,5 +149,6 @@ class QueueOptions:
             auto_delete=args.get("auto-delete", False),
             auto_delete_timeout=float(args.get("auto-delete-timeout", 0)),
             alternate_exchange=args.get("alternate-exchange"),
+            delivery_limit=args.get("delivery-limit"),
             durable=args.get("durable", False),
         )
