@@ -24,6 +24,7 @@ from broker.admin_socket import AdminSocket, AdminSocketError
 from broker.auth import SaslSetup, UsersFileError, load_users
 from broker.config import BrokerConfig, ConfigError, load_config
 from broker.server import Server
+from broker.store.records import JournalError
 
 Plugin = Callable[[Server], None]
 
@@ -37,6 +38,8 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--pid-file", {"type": click.Path(path_type=Path), "help": "write the process id here"}),
     ("--admin-socket", {"type": click.Path(path_type=Path), "help": "serve management on this Unix socket (0600)"}),
     ("--auto-create-queues/--no-auto-create-queues", {"default": None, "help": "create queues on attach"}),
+    ("--journal/--no-journal", {"default": None, "help": "journal durable queues and messages under --data-dir [on]"}),
+    ("--journal-segment-bytes", {"type": int, "help": "size at which the journal starts a new segment [64 MiB]"}),
     ("--max-message-size", {"type": int, "help": "largest accepted message in bytes [10 MiB]"}),
     ("--sasl-mechanisms", {"help": "space or comma separated: ANONYMOUS PLAIN"}),
     ("--users-file", {"type": click.Path(path_type=Path), "help": "TOML users file for PLAIN (see docs)"}),
@@ -120,6 +123,10 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     gc.set_threshold(50_000, 20, 100)
     try:
         server.run()
+    except JournalError as e:
+        blog.get_logger("broker").error("journal.refused", description=e.description)
+        click.echo(f"ha-broker: {e.description}", err=True)
+        return 2
     except OSError as e:
         click.echo(f"ha-broker: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", err=True)
         return 1

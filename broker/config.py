@@ -63,6 +63,9 @@ class BrokerConfig(BaseModel):
     pid_file: Path | None = None
     admin_socket: Path | None = None
     auto_create_queues: bool = False
+    # The durable store: a journal under --data-dir for durable queues and messages (off: everything in memory).
+    journal: bool = True
+    journal_segment_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024)
     sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN")
     users_file: Path | None = None

@@ -18,6 +18,7 @@ Misuse of the API by our own code is not a `BrokerError`: it raises `ValueError`
     ├── MessageRefused              one transfer is rejected, the link stays
     │   ├── MalformedMessage        amqp:decode-error
     │   ├── QueueFull               amqp:resource-limit-exceeded
+    │   ├── JournalRefusal          amqp:resource-limit-exceeded (the journal cannot write)
     │   └── NoRoute                 amqp:not-found / amqp:precondition-failed
     └── ProtocolError               a replication peer broke the protocol (amqp:decode-error); the link is closed
         └── BatchError              a malformed replication batch
@@ -95,6 +96,15 @@ class MalformedMessage(MessageRefused, ValueError):
 
 class QueueFull(MessageRefused):
     """The queue is at max-count/max-size with policy reject."""
+
+    condition = "amqp:resource-limit-exceeded"
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+
+
+class JournalRefusal(MessageRefused):
+    """A durable message for a durable queue while the journal cannot write (disk full, I/O error)."""
 
     condition = "amqp:resource-limit-exceeded"
 

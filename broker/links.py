@@ -65,17 +65,24 @@ def reject(d: Any, condition: str, description: str) -> None:
 class Completion:
     """A received client delivery that is settled only when every holder has released it."""
 
-    __slots__ = ("delivery", "pending", "publisher")
+    __slots__ = ("delivery", "error", "pending", "publisher")
 
     def __init__(self, publisher: PublisherLink, delivery: Any) -> None:
         self.publisher = publisher
         self.delivery = delivery  # raw pointer; touched only while the publisher link is open
         self.pending = 1
+        self.error: tuple[str, str] | None = None  # a holder could not keep its promise: reject, don't accept
 
     def release(self) -> None:
         self.pending -= 1
         if self.pending == 0:
             self.publisher.server.to_settle.append(self)
+
+    def fail(self, condition: str, description: str) -> None:
+        """Release, but the client is told the message was not taken (e.g. the journal could not write it)."""
+        if self.error is None:
+            self.error = (condition, description)
+        self.release()
 
 
 class PublisherLink(LinkHandler):
@@ -132,6 +139,9 @@ class PublisherLink(LinkHandler):
         """Accept and settle (once per client message: the C calls only)."""
         self.unsettled -= 1
         raw.accept(d)
+
+    def settle_rejected(self, d: Any, condition: str, description: str) -> None:
+        self.refuse(d, condition, description)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,10 +1,29 @@
-"""structlog set-up: one JSON object per line, schema in docs/events.md."""
+"""The event log: one JSON object per line, every line an event of the catalogue (broker/events.py, docs/events.md).
+
+Three writers share one output, a `_Sink` (the stream, one lock, the path to reopen):
+
+- structlog events (``get_logger(...).info("name", field=...)``): structlog's processor chain renders them straight
+  to the sink. Measured on this machine: 27 µs per event this way, 66 µs through the stdlib ``logging`` machinery
+  (ProcessorFormatter for everything), so structlog's own events do not take that detour.
+- Python's standard ``logging`` (kazoo, proton, any library): a handler on the root logger renders each record with
+  structlog's stdlib integration (``ProcessorFormatter``) and the same processors and JSON renderer, as the event
+  ``python.log`` with ``logger`` and ``message`` (and ``exception``), warnings and above.
+- `FastEvents` (``fast.info("ha.lag", {...})``): lag samples and settle windows, formatted without the processor
+  chain and written in batches (the broker flushes every 0.2 s and at shutdown) so a busy primary does not pay a
+  write per acknowledgement. Same schema and key order as the structlog lines (a test renders both and compares).
+
+Log rotation: ``request_reopen()`` (the broker's SIGHUP handler) only sets a flag, which is safe in a signal handler.
+The sink reopens ``--log-file`` under its lock before the next write from any thread, or at the next `FastEvents`
+flush (0.2 s), so a line is never split between the old and the new file and batched lines still waiting go to the
+new one. The first line of the new file is ``broker.log.reopened``.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import MutableMapping
 from datetime import UTC, datetime
@@ -12,12 +31,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import structlog
+from structlog.typing import Processor
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+LIBRARY_EVENT = "python.log"  # what a standard-logging record becomes (docs/events.md)
+LIBRARY_MIN_LEVEL = logging.WARNING
+
+
+def _now_ts() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _timestamp(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    event_dict["ts"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    event_dict["ts"] = _now_ts()
     return event_dict
 
 
@@ -28,29 +54,156 @@ def _order(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapp
     return head
 
 
+class _AddBroker:
+    """Every line names its broker, whichever thread wrote it (context variables are per thread)."""
+
+    def __init__(self, broker: str) -> None:
+        self.broker = broker
+
+    def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        event_dict.setdefault("broker", self.broker)
+        return event_dict
+
+
+def _library_record(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A standard-logging record as the catalogue's ``python.log`` event."""
+    record: logging.LogRecord = event_dict["_record"]
+    message = event_dict.pop("event")
+    event_dict["event"] = LIBRARY_EVENT
+    event_dict["logger"] = record.name
+    event_dict["message"] = message
+    return event_dict
+
+
+def render_line(level: str, event: str, broker: str, fields: dict[str, Any]) -> str:
+    """One line as the structlog chain renders it (for lines the sink writes itself)."""
+    return json.dumps({"ts": _now_ts(), "level": level, "event": event, "broker": broker, **fields},
+                      default=str) + "\n"
+
+
+class _Sink:
+    """The output every writer shares: a stream, a lock around each write, and reopen-on-request."""
+
+    def __init__(self, broker: str, path: Path | None) -> None:
+        self.broker = broker
+        self.path = path
+        self.stream: TextIO = self._open() if path is not None else sys.stderr
+        self._lock = threading.Lock()
+        self._reopen_wanted = False
+
+    def _open(self) -> TextIO:
+        assert self.path is not None
+        return open(self.path, "a", buffering=1, encoding="utf-8")  # closed on reopen and close()
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            if self._reopen_wanted:
+                self._reopen()
+            self.stream.write(text)
+
+    def request_reopen(self) -> None:
+        """Reopen before the next write. Only sets a flag: safe in a signal handler."""
+        if self.path is not None:
+            self._reopen_wanted = True
+
+    def reopen_if_wanted(self) -> None:
+        if self._reopen_wanted:
+            with self._lock:
+                if self._reopen_wanted:
+                    self._reopen()
+
+    def _reopen(self) -> None:
+        # Called with the lock held.
+        self._reopen_wanted = False
+        try:
+            new = self._open()
+        except OSError as e:
+            self.stream.write(render_line("error", "broker.log.reopen_failed", self.broker,
+                                          {"path": str(self.path), "description": str(e)}))
+            return
+        old, self.stream = self.stream, new
+        old.close()
+        new.write(render_line("info", "broker.log.reopened", self.broker, {"path": str(self.path)}))
+
+    def close(self) -> None:
+        with self._lock:
+            if self.stream is not sys.stderr:
+                self.stream.close()
+
+
+class _SinkLogger:
+    """structlog's final logger: the rendered line goes to the sink, whatever the level method."""
+
+    def __init__(self, sink: _Sink) -> None:
+        self._sink = sink
+
+    def msg(self, message: str) -> None:
+        self._sink.write(message + "\n")
+
+    log = debug = info = warning = warn = error = err = critical = fatal = exception = failure = msg
+
+
+class _SinkHandler(logging.Handler):
+    """Standard logging into the sink (records rendered by the ProcessorFormatter)."""
+
+    def __init__(self, sink: _Sink) -> None:
+        super().__init__()
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sink.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+_sink: _Sink | None = None
+
+
 def configure(broker: str, level: str = "info", log_file: Path | None = None) -> TextIO:
-    """Route structlog to `log_file` (line buffered) or stderr. Returns the stream."""
-    stream: TextIO = sys.stderr
-    if log_file is not None:
-        stream = open(log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+    """Route every writer (structlog, standard logging, `fast`) to ``log_file`` (line buffered) or stderr.
+
+    Returns the stream opened now (after a reopen, writes go to a new one)."""
+    global _sink
+    if _sink is not None:
+        _sink.close()
+    sink = _sink = _Sink(broker, log_file)
+    add_broker = _AddBroker(broker)
+    render: list[Processor] = [
+        structlog.processors.format_exc_info, _order, structlog.processors.JSONRenderer(default=str)
+    ]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             _timestamp,
-            structlog.processors.format_exc_info,
-            _order,
-            structlog.processors.JSONRenderer(default=str),
+            add_broker,
+            *render,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=lambda *_args: _SinkLogger(sink),
         cache_logger_on_first_use=True,
     )
-    structlog.contextvars.bind_contextvars(broker=broker)
-    fast.configure(stream, broker, level)
-    # proton's own python logging goes to the same place, at warning and above.
-    logging.basicConfig(stream=stream, level=logging.WARNING, format="%(message)s")
-    return stream
+    handler = _SinkHandler(sink)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.processors.add_log_level, _timestamp, _library_record, add_broker],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *render],
+        )
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(max(LIBRARY_MIN_LEVEL, _LEVELS[level]))
+    fast.configure(sink, broker, level)
+    return sink.stream
+
+
+def request_reopen() -> None:
+    """Reopen ``--log-file`` before the next line (the broker's SIGHUP handler; signal-safe)."""
+    if _sink is not None:
+        _sink.request_reopen()
 
 
 def get_logger(name: str | None = None) -> Any:
@@ -65,15 +218,15 @@ class FastEvents:
     MAX_PENDING = 512
 
     def __init__(self) -> None:
-        self.stream: TextIO | None = None
+        self.sink: _Sink | None = None
         self.prefix = ""
         self.min_level = _LEVELS["info"]
         self.pending: list[str] = []
         self._sec = 0
         self._prefix = ""
 
-    def configure(self, stream: TextIO, broker: str, level: str) -> None:
-        self.stream = stream
+    def configure(self, sink: _Sink, broker: str, level: str) -> None:
+        self.sink = sink
         self.prefix = json.dumps(broker)
         self.min_level = _LEVELS[level]
 
@@ -87,7 +240,7 @@ class FastEvents:
         return f"{self._prefix}.{int((now - sec) * 1_000_000):06d}Z"
 
     def info(self, event: str, fields: dict[str, Any]) -> None:
-        if self.stream is None or self.min_level > 20:
+        if self.sink is None or self.min_level > 20:
             return
         ts = self._ts()
         body = json.dumps(fields, default=str)
@@ -100,9 +253,13 @@ class FastEvents:
             self.flush()
 
     def flush(self) -> None:
-        if self.pending and self.stream is not None:
-            self.stream.write("".join(self.pending))
+        if self.sink is None:
+            return
+        if self.pending:
+            self.sink.write("".join(self.pending))
             self.pending.clear()
+        else:
+            self.sink.reopen_if_wanted()
 
 
 fast = FastEvents()

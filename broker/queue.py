@@ -61,7 +61,7 @@ _position = attrgetter("position")
 class Entry:
     """One message on one queue. `data` is the encoded message, shared by every queue it was routed to."""
 
-    __slots__ = ("count", "data", "expires", "flags", "key", "level", "position", "state")
+    __slots__ = ("count", "data", "expires", "flags", "key", "level", "position", "seg", "state")
 
     def __init__(self, position: int, data: bytes, level: int, expires: float | None, flags: int,
                  key: Any = None) -> None:
@@ -73,6 +73,7 @@ class Entry:
         self.key = key  # last-value key (LVQ queues only)
         self.state = AVAILABLE
         self.count = 0  # delivery count (failed deliveries)
+        self.seg = 0  # journal segment holding it (0: not journaled)
 
     @property
     def delivery_count(self) -> int:

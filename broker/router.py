@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from proton import Message
 
 from broker.engine import raw
-from broker.errors import NoRoute, QueueFull
+from broker.errors import JournalRefusal, NoRoute, QueueFull
 from broker.links import Completion, PublisherLink
 from broker.message import current_properties, current_subject, current_to, decode
 from broker.queue import Entry, Queue
@@ -25,6 +25,7 @@ class Router:
         self.queues = server.wiring.queues
         self.consumers = server.consumers
         self.extensions = server.extensions
+        self.store = server.store
 
     def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
         ex = self.wiring.exchanges[exchange]
@@ -45,6 +46,8 @@ class Router:
             if not address:
                 raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
         q = self.queues.get(address)
+        if durable and self.store is not None and self.store.failed is not None:
+            self._refuse_durable(address, q)
         if q is not None and q.plain:  # the usual case: one queue, nothing to check
             routed = [(q, q.enqueue(data, priority, expires, durable))]
             if q in self.consumers:
@@ -62,6 +65,15 @@ class Router:
                 if ext.hold(c, routed):
                     c.pending += 1
         c.release()
+
+    def _refuse_durable(self, address: str, q: Queue | None) -> None:
+        """The journal cannot write: a durable message for a durable queue is refused (nothing else is)."""
+        store = self.store
+        assert store is not None
+        targets = [q] if q is not None else (
+            self.route_exchange(address, current_subject()) if address in self.wiring.exchanges else [])
+        if any(t.options.durable for t in targets):
+            raise JournalRefusal(f"not taken: {store.failed}")
 
     def _route(self, address: str, q: Queue | None, data: bytes, priority: int, expires: float | None,
                durable: bool) -> list[tuple[Queue, Entry]]:

@@ -31,6 +31,7 @@ from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
 from broker.queue import Queue
 from broker.router import Router
+from broker.store.store import Store
 from broker.wiring import Wiring, WiringEvent
 
 log = get_logger("broker")
@@ -71,6 +72,12 @@ class Server:
         self._settled_as: tuple[str, int] = ("standalone", 0)
         self._msg_reject_log: dict[int, float] = {}
         self._stopping = False
+        # The durable store (a journal under --data-dir), first of the extensions: its commit at the end of a pass
+        # comes before the HA layer's work, which may wait for it (a backup acknowledges what is on disk).
+        self.store: Store | None = None
+        if config.data_dir is not None and config.journal:
+            self.store = Store(self, config.data_dir / "journal", config.journal_segment_bytes)
+            self.extensions.append(self.store)
         self.attacher = Attacher(self)
         self.connections = Connections(self)
         self.router = Router(self)
@@ -86,7 +93,14 @@ class Server:
         self.extensions.append(ext)
 
     def start(self) -> None:
-        """Listen (raises OSError when the address is taken) and tell the extensions."""
+        """Recover the durable store, listen (raises OSError when the address is taken), tell the extensions."""
+        if self.store is not None:
+            report = self.store.recover()
+            if report.cut:
+                log.warning("journal.torn_tail", bytes=report.cut, description=report.cut_reason)
+            log.info("journal.recovered", segments=report.segments, queues=report.queues, messages=report.messages,
+                     bytes=report.bytes, exchanges=report.exchanges, bindings=report.bindings,
+                     seconds=report.seconds)
         self.port = self.engine.listen(self.config.host, self.config.port, self.connections.accepted)
         self.schedule(1.0, self._tick)
         self.schedule(FAST_LOG_FLUSH, self._flush_fast_log)
@@ -105,6 +119,8 @@ class Server:
         try:
             self.engine.run()
         finally:
+            if self.store is not None:
+                self.store.close()
             self.engine.close()
 
     def role_epoch(self) -> tuple[str, int]:
@@ -288,6 +304,9 @@ class Server:
         for c in batch:
             pub = c.publisher
             if pub.closed:
+                continue
+            if c.error is not None:
+                pub.settle_rejected(c.delivery, *c.error)
                 continue
             pub.settle(c.delivery)
             publishers.add(pub)

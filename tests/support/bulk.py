@@ -10,8 +10,9 @@ from proton.reactor import Container
 
 
 class _Filler(MessagingHandler):  # type: ignore[misc]
-    def __init__(self, url: str, queue: str, count: int, start: int) -> None:
+    def __init__(self, url: str, queue: str, count: int, start: int, durable: bool = False) -> None:
         super().__init__(auto_settle=True)
+        self.durable = durable
         self.url = url
         self.queue = queue
         self.count = count
@@ -27,7 +28,7 @@ class _Filler(MessagingHandler):  # type: ignore[misc]
     def on_sendable(self, event: Any) -> None:
         s = event.sender
         while s.credit > 0 and self.next < self.end:
-            s.send(Message(body=self.next))
+            s.send(Message(body=self.next, durable=self.durable))
             self.next += 1
 
     def on_accepted(self, event: Any) -> None:
@@ -50,9 +51,9 @@ class _Filler(MessagingHandler):  # type: ignore[misc]
             event.connection.close()
 
 
-def fill(url: str, queue: str, count: int, start: int = 1) -> None:
+def fill(url: str, queue: str, count: int, start: int = 1, durable: bool = False) -> None:
     """Send bodies start, start+1, ... (count of them) to `queue`; return once the broker accepted every one."""
-    h = _Filler(url, queue, count, start)
+    h = _Filler(url, queue, count, start, durable)
     Container(h).run()
     if h.error is not None or h.confirmed != count:
         raise AssertionError(f"fill {queue}: {h.confirmed}/{count} confirmed ({h.error})")

@@ -1,0 +1,461 @@
+"""The event catalogue: every event an Understudy process writes to its JSON-lines log, as data.
+
+This module is the contract between the code that logs, the operators and the nightly Spark report:
+
+- ``docs/events.md`` is generated from it (``python -m broker.events > docs/events.md``; a test catches drift);
+- ``spark/`` imports it for the known event names and the type of every field;
+- a test scans ``broker/``, ``ha/`` and ``resource_agents/`` for logging calls and fails on an event name (or a
+  field) that is not here.
+
+Standard library only (no proton, no structlog): the Spark driver and the documentation generator import it.
+
+Each field name has one type and one meaning wherever it appears (``FIELDS``); an event lists the fields it
+carries, with a note where the meaning narrows (``Use``). ``check(record)`` says what is wrong with one parsed log
+line, for tests and tools.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Final
+
+
+class Level(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+class Type(StrEnum):
+    """JSON type of a field. ``float`` accepts any JSON number; ``int`` only integers."""
+
+    STRING = "string"
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    LIST = "list"
+    OBJECT = "object"
+
+
+class Section(StrEnum):
+    BROKER = "Broker events"
+    HA = "HA events"
+    COORDINATOR = "Coordinator events (ZooKeeper)"
+    LIBRARY = "Library log lines"
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: Type
+    meaning: str
+    nullable: bool = False  # may be JSON null
+
+
+@dataclass(frozen=True)
+class Use:
+    """A field as one event carries it: ``note`` narrows the meaning; ``optional`` fields may be absent."""
+
+    name: str
+    note: str = ""
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    level: Level
+    section: Section
+    when: str
+    fields: tuple[Use, ...] = ()
+    also: tuple[Level, ...] = ()  # other levels it is sometimes written at (the ``when`` text says when)
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        return (self.level, *self.also)
+
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(u.name for u in self.fields)
+
+    def required(self) -> tuple[str, ...]:
+        return tuple(u.name for u in self.fields if not u.optional)
+
+
+def _fields(*rows: Field) -> Mapping[str, Field]:
+    table = {f.name: f for f in rows}
+    assert len(table) == len(rows), "a field name is defined twice"
+    return MappingProxyType(table)
+
+
+S, N, F, B, L, D = Type.STRING, Type.INT, Type.FLOAT, Type.BOOL, Type.LIST, Type.OBJECT  # N: integer, D: dict
+
+COMMON: Final = _fields(
+    Field("ts", S, "time the event happened, ISO 8601 UTC with microseconds and a `Z`: `2026-11-22T02:30:00.123456Z`"),
+    Field("level", S, "`debug`, `info`, `warning`, `error`, `critical`"),
+    Field("event", S, "the event name (tables below); dotted, lower case"),
+    Field("broker", S, "the broker id (`--name`, or the generated id kept in the data dir)"),
+)
+
+FIELDS: Final = _fields(
+    Field("action", S, "what the election decided: `contend`, `withdraw`, `promote`, `demote`, `pause`, `carry_on`"),
+    Field("ack_ts", F, "when the backup acknowledged the message (Unix seconds, primary's clock)"),
+    Field("address", S, "a `host:port`"),
+    Field("arguments", D, "declare or bind arguments", nullable=True),
+    Field("backlog", N, "messages sent to that backup and not yet acknowledged"),
+    Field("backup", S, "a backup's broker id"),
+    Field("condition", S, "an AMQP error condition (`amqp:...`)", nullable=True),
+    Field("connection", N, "connection id (unique within the process)"),
+    Field("count", N, "how many"),
+    Field("data_dir", S, "the data directory", nullable=True),
+    Field("description", S, "human-readable detail"),
+    Field("enqueue_ts", F, "when the primary enqueued the message (Unix seconds)"),
+    Field("epoch", N, "the cluster epoch (increases with every promotion)"),
+    Field("error", S, "the AMQP condition the connection closed with", nullable=True),
+    Field("exception", S, "the Python traceback"),
+    Field("exchange", S, "an exchange name"),
+    Field("expected_backups", L, "broker ids the new primary waits for"),
+    Field("first_ts", F, "first settlement of the window (Unix seconds)"),
+    Field("forced", B, "the operator forced it (`ha-admin promote --force`)"),
+    Field("format", S, "replication format of this browser: `batch` or `message`"),
+    Field("from_state", S, "the state left (null on the first `ha.state` of a process)", nullable=True),
+    Field("ha_cluster", B, "started with `--ha-cluster`"),
+    Field("handler", S, "the class of the event handler that failed"),
+    Field("key", S, "a binding key", nullable=True),
+    Field("kind", S, "`client`, `admin` or `ha`"),
+    Field("lag_ms", F, "`(ack_ts - enqueue_ts) * 1000`"),
+    Field("last_ts", F, "last settlement of the window (Unix seconds)"),
+    Field("leader", S, "the current leader's broker id", nullable=True),
+    Field("link", S, "a link name"),
+    Field("logger", S, "the Python logger's name (`kazoo.client`, `proton`, ...)"),
+    Field("members", L, "list of `{name, address, state}`"),
+    Field("message", S, "the library's message text"),
+    Field("messages", N, "a number of messages"),
+    Field("mode", S, "how the backup acknowledges: `batched`"),
+    Field("name", S, "an object name"),
+    Field("operation", S, "a management operation (`CREATE`, `DELETE`, ...)"),
+    Field("path", S, "a file path"),
+    Field("peer", S, "the other broker's id"),
+    Field("peer_epoch", N, "the epoch the other broker claims"),
+    Field("position", N, "a message's position in its queue"),
+    Field("primary", S, "the primary's broker id"),
+    Field("queue", S, "a queue name"),
+    Field("reason", S, "why"),
+    Field("released", N, "guarded messages released"),
+    Field("remote", S, "the peer's `host:port`"),
+    Field("role", S, "`primary`, `backup` or `standalone`"),
+    Field("sample_rate", F, "fraction of acknowledgements logged, in (0, 1]"),
+    Field("seconds", F, "a duration in seconds"),
+    Field("seq", N, "wiring sequence number"),
+    Field("status", N, "the management answer's status code"),
+    Field("timed_out", L, "broker ids of backups that did not return in time"),
+    Field("to_state", S, "the state entered"),
+    Field("type", S, "an object type: `queue`, `exchange`, `binding`"),
+    Field("unsettled_returned", N, "deliveries returned to their queues"),
+    Field("user", S, "the authenticated user", nullable=True),
+    Field("version", S, "the software version"),
+    Field("waited_seconds", F, "how long the new primary waited for its backups"),
+    Field("waiting", S, "why a leaderless cluster has no leader yet", nullable=True),
+    Field("where", S, "what the broker was doing"),
+)
+
+_B, _H, _C, _X = Section.BROKER, Section.HA, Section.COORDINATOR, Section.LIBRARY
+_INFO, _WARN, _ERR, _DEBUG = Level.INFO, Level.WARNING, Level.ERROR, Level.DEBUG
+
+
+U = Use
+
+
+def _o(name: str, note: str = "") -> Use:
+    """An optional field."""
+    return Use(name, note, optional=True)
+
+
+_EVENTS: tuple[Event, ...] = (
+    # ----- broker ---------------------------------------------------------------------------------------------
+    Event("broker.started", _INFO, _B, "listener is open",
+          (U("address", "host:port listened on"), U("version"), U("ha_cluster"), U("data_dir"))),
+    Event("broker.stopping", _INFO, _B, "shutdown begins", (U("reason", "`sigterm`, `sigint`, `error`"),)),
+    Event("broker.stopped", _INFO, _B, "shutdown complete"),
+    Event("broker.log.reopened", _INFO, _B, "the log file was reopened after SIGHUP (logrotate); first line of the "
+          "new file", (U("path"),)),
+    Event("broker.log.reopen_failed", _ERR, _B, "SIGHUP, but the log file could not be reopened: the broker keeps "
+          "writing to the file it had", (U("path"), U("description"))),
+    Event("connection.opened", _INFO, _B, "",
+          (U("connection"), U("remote", "host:port"), U("user"), U("kind"))),
+    Event("connection.closed", _INFO, _B, "",
+          (U("connection"), U("error", "AMQP condition or null"), U("unsettled_returned"))),
+    Event("connection.refused", _WARN, _B, "e.g. redirect from a backup, failed login",
+          (U("remote"), U("condition"), U("description"), _o("user"))),
+    Event("connection.accept_failed", _ERR, _B, "the listening socket could not accept (e.g. out of file "
+          "descriptors); tried again on the next readiness", (U("description"),)),
+    Event("link.refused", _WARN, _B, "attach to unknown node, bad properties",
+          (U("connection"), U("address", "the link's node address"), U("condition"), U("description"))),
+    Event("message.rejected", _WARN, _B, "oversize, malformed, queue full (rate limited: at most one line per link "
+          "per second, `count` says how many)",
+          (U("connection"), U("address", "the link's node address"), U("condition"), U("description"),
+           U("count"))),
+    Event("wiring.declared", _INFO, _B, "a queue or exchange was created (`debug` for `temp.*` reply queues)",
+          (U("type", "`queue`, `exchange`"), U("name"), U("seq"), U("arguments")), also=(_DEBUG,)),
+    Event("wiring.deleted", _INFO, _B, "a queue or exchange was deleted (`debug` for `temp.*` reply queues)",
+          (U("type"), U("name"), U("seq"), U("arguments")), also=(_DEBUG,)),
+    Event("wiring.bound", _INFO, _B, "a binding was created",
+          (U("exchange"), U("queue"), U("key"), U("seq"), U("arguments"))),
+    Event("wiring.unbound", _INFO, _B, "a binding was deleted",
+          (U("exchange"), U("queue"), U("key"), U("seq"), U("arguments"))),
+    Event("management.request", _INFO, _B, "every management write (not QUERY/READ)",
+          (U("operation"), U("type"), U("name"), U("status"), U("user"))),
+    Event("management.error", _ERR, _B, "a bug in a management operation: answered 500",
+          (U("operation"), U("type"), U("name"), U("exception"))),
+    Event("admin_socket.bad_request", _WARN, _B, "the admin socket received a request it could not read "
+          "(answered 400)", (U("user", "the peer's Unix user"), U("reason"))),
+    Event("queue.expired", _INFO, _B, "TTL expiry sweep removed messages (one line per sweep, not per message)",
+          (U("queue"), U("count"))),
+    Event("broker.error", _ERR, _B, "a bug in an event handler: the link or connection involved is closed, the "
+          "broker carries on", (U("where"), _o("handler"), U("exception"))),
+    Event("client.settled", _INFO, _B, "the broker settled (accepted) client transfers; one line per second at "
+          "most, covering every client settlement in [`first_ts`, `last_ts`]; `role` and `epoch` are those at "
+          "settlement (a window never spans a change). Used to prove that two brokers never settle at once.",
+          (U("count", "client transfers settled"), U("first_ts"), U("last_ts"), U("epoch"), U("role"))),
+    # ----- HA -------------------------------------------------------------------------------------------------
+    Event("ha.state", _INFO, _H, "every state transition",
+          (U("from_state"), U("to_state"), U("role"), U("epoch"), U("reason"))),
+    Event("ha.state.illegal", _ERR, _H, "a transition not in the table was attempted (refused)",
+          (U("from_state"), U("to_state"), U("reason"))),
+    Event("ha.membership", _INFO, _H, "the primary changed the member list (logged by primary and backups)",
+          (U("epoch"), U("members"))),
+    Event("ha.primary.connected", _INFO, _H, "(backup) connected to the primary",
+          (U("primary"), U("address"), U("epoch"))),
+    Event("ha.primary.lost", _WARN, _H, "(backup) lost the primary connection",
+          (U("primary"), U("address"), U("reason"))),
+    Event("ha.backup.connected", _INFO, _H, "(primary) a backup connected", (U("backup"), U("address"))),
+    Event("ha.backup.acks", _INFO, _H, "(primary) a backup attached its acknowledgement link",
+          (U("backup"), U("mode"))),
+    Event("ha.backup.lost", _WARN, _H, "(primary) a backup was dropped; its guards released",
+          (U("backup"), U("address"), U("reason", "`disconnected`, `heartbeat`, `error`"), U("released"))),
+    Event("ha.backup.ready", _INFO, _H, "(primary) a backup became ready",
+          (U("backup"), U("address"), U("seconds", "since it connected"))),
+    Event("ha.catchup.start", _INFO, _H, "(primary) catch-up of one queue began",
+          (U("backup"), U("queue"), U("messages", "to send"), U("format"))),
+    Event("ha.catchup.end", _INFO, _H, "(primary) catch-up of one queue ended",
+          (U("backup"), U("queue"), U("messages", "sent"), U("seconds"))),
+    Event("ha.promoted", _WARN, _H, "a backup was promoted to primary",
+          (U("epoch"), U("from_state"), U("forced"), U("expected_backups"))),
+    Event("ha.active", _INFO, _H, "recovering primary became active",
+          (U("epoch"), U("waited_seconds"), U("timed_out"))),
+    Event("ha.demoted", _WARN, _H, "a primary stepped down", (U("epoch"), U("reason"))),
+    Event("ha.guard.timeout", _WARN, _H, "expected backup did not return in `--ha-backup-timeout`",
+          (U("backup"), U("released"))),
+    Event("ha.epoch.refused", _ERR, _H, "a replication link from/to a stale-epoch broker was refused",
+          (U("peer"), U("peer_epoch"), U("epoch"))),
+    Event("ha.lag", _INFO, _H, "a replication-lag sample (see below)",
+          (U("queue"), U("backup"), U("position"), U("enqueue_ts"), U("ack_ts"), U("lag_ms"), U("backlog"),
+           U("sample_rate"))),
+    Event("ha.connect.failed", _WARN, _H, "(backup) a connection attempt failed (refused login, not a primary, "
+          "timeout); once per address and reason", (U("address"), U("reason"))),
+    Event("ha.link.error", _WARN, _H, "(backup) the primary closed a control link with an error",
+          (U("link"), U("condition"), U("description"))),
+    Event("ha.replication.closed", _WARN, _H, "(backup) the primary closed a replicating browser (e.g. queue "
+          "deleted)", (U("queue"), U("condition"), U("description"))),
+    Event("ha.replication.error", _ERR, _H, "(backup) a replicated message, batch, dequeue or control message "
+          "could not be applied; for a damaged batch nothing of it was applied and the browser is attached again. "
+          "(primary: with `backup`, an acknowledgement it could not read)",
+          (_o("queue"), _o("position"), _o("backup"), U("description"))),
+    Event("ha.wiring.error", _ERR, _H, "(backup) a mirrored object could not be created",
+          (U("type"), U("name"), U("description"))),
+    Event("ha.membership.invalid", _ERR, _H, "(backup) the primary sent an unreadable membership list",
+          (U("description"),)),
+    # ----- coordinator ----------------------------------------------------------------------------------------
+    Event("ha.coordinator.decision", _INFO, _C, "the election decision changed: one line per change",
+          (U("action"), U("reason"), U("epoch"), U("leader"), U("waiting"))),
+    Event("ha.coordinator.suspended", _WARN, _C, "connection to ZooKeeper lost; a primary settles nothing while "
+          "suspended", (U("epoch"),)),
+    Event("ha.coordinator.resumed", _INFO, _C, "connection to ZooKeeper back", (U("epoch"),)),
+    Event("ha.coordinator.promote_refused", _ERR, _C, "elected, but the broker refused to promote (it withdraws)",
+          (U("epoch"), U("description"))),
+    Event("ha.zookeeper.elected", _INFO, _C, "this broker won the election (took the leader znode)",
+          (U("epoch"),)),
+    Event("ha.zookeeper.election_lost", _INFO, _C, "another broker won the race or bumped the epoch first",
+          (U("description", "the failed operations"),)),
+    Event("ha.zookeeper.leadership_lost", _WARN, _C, "this broker no longer leads", (U("reason"),)),
+    Event("ha.zookeeper.turn_failed", _WARN, _C, "a ZooKeeper round failed; retried with back-off",
+          (U("description"),)),
+    Event("ha.zookeeper.resign_failed", _WARN, _C, "leaving ZooKeeper cleanly at stop failed (the session's "
+          "ephemeral znodes expire anyway)", (U("description"),)),
+    Event("ha.zookeeper.callback_failed", _ERR, _C, "a coordinator callback raised (a bug)", (U("exception"),)),
+    # ----- other libraries ------------------------------------------------------------------------------------
+    Event("python.log", _WARN, _X, "a library (kazoo, proton) wrote through Python's standard `logging`; "
+          "warnings and above", (U("logger"), U("message"), _o("exception")), also=(_ERR, Level.CRITICAL)),
+)
+
+EVENTS: Final[Mapping[str, Event]] = MappingProxyType({e.name: e for e in _EVENTS})
+NAMES: Final = frozenset(EVENTS)
+
+
+def field(name: str) -> Field:
+    """A common or extra field by name."""
+    return COMMON[name] if name in COMMON else FIELDS[name]
+
+
+def _type_ok(value: Any, f: Field) -> bool:
+    if value is None:
+        return f.nullable
+    match f.type:
+        case Type.STRING:
+            return isinstance(value, str)
+        case Type.INT:
+            return isinstance(value, int) and not isinstance(value, bool)
+        case Type.FLOAT:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+        case Type.BOOL:
+            return isinstance(value, bool)
+        case Type.LIST:
+            return isinstance(value, list)
+        case Type.OBJECT:
+            return isinstance(value, dict)
+
+
+def check(record: Mapping[str, Any]) -> list[str]:
+    """What is wrong with one parsed log line (empty: it follows the catalogue).
+
+    Fields a reader does not know are allowed by the contract ("fields are only ever added"), but the code must not
+    write any: this check reports them.
+    """
+    problems = [f"common field {name!r} missing" for name in COMMON if name not in record]
+    problems += [f"{name}={record[name]!r}: not a {f.type}" for name, f in COMMON.items()
+                 if name in record and not _type_ok(record[name], f)]
+    event = EVENTS.get(record.get("event"))  # type: ignore[arg-type]
+    if event is None:
+        return [*problems, f"unknown event {record.get('event')!r}"]
+    if record.get("level") not in event.levels:
+        problems.append(f"{event.name} at level {record.get('level')!r}, documented {'/'.join(event.levels)}")
+    uses = {u.name: u for u in event.fields}
+    for name, value in record.items():
+        if name in COMMON:
+            continue
+        if name not in uses:
+            problems.append(f"{event.name}: undocumented field {name!r}")
+        elif not _type_ok(value, FIELDS[name]):
+            problems.append(f"{event.name}: {name}={value!r} is not a {FIELDS[name].type}")
+    problems += [f"{event.name}: field {name!r} missing" for name in event.required() if name not in record]
+    return problems
+
+
+# ----- docs/events.md ---------------------------------------------------------------------------------------------
+
+_INTRO = """\
+Every Understudy process (`ha-broker`) writes its event log as **JSON lines** through structlog: one JSON object
+per line, UTF-8, to `--log-file` (default: stderr). This page is the contract between the broker, the operators and
+the nightly Spark report (`ha-lag-report`), which reads exactly these fields. Fields are only ever added, never
+renamed; a reader must ignore fields it does not know.
+
+Every line is an event of the tables below, including what libraries write through Python's standard `logging`
+(`python.log`). `SIGHUP` makes the broker reopen `--log-file` (for logrotate: move the file, then send `SIGHUP`;
+no line is lost or split between the files)."""
+
+_TIMES = """\
+Times inside events (`enqueue_ts`, `ack_ts`, `first_ts`, `last_ts`) are **Unix seconds as floats** (`1795833000.123456`),
+so that lag arithmetic needs no parsing. Durations are `*_ms` (float milliseconds) or `seconds` (float)."""
+
+_ROLES = """\
+`role` is `primary`, `backup` or `standalone`. States: backup `joining` → `catchup` → `ready`; primary `recovering` →
+`active`; `standalone` without `--ha-cluster` ([states.md](states.md))."""
+
+_LAG = """\
+### Replication-lag samples (`ha.lag`)
+
+Written by the **primary**. `enqueue_ts` is when the primary enqueued the message at `position` on `queue`;
+`ack_ts` is when `backup` acknowledged holding it; `lag_ms = (ack_ts - enqueue_ts) * 1000`. Both times come from the
+primary's clock, but readers must still tolerate negative lag (clock steps) by counting and excluding it.
+`backlog` is the number of messages sent to that backup and not yet acknowledged at `ack_ts`.
+
+Lag samples and `client.settled` windows are written in batches every 0.2 s (one write instead of one per
+acknowledgement); a broker killed with SIGKILL loses at most the last 0.2 s of them.
+
+`sample_rate` is the fraction of acknowledgements that were logged (1.0 = every one). The broker logs every
+acknowledgement while the rate of acknowledgements stays under `--ha-lag-sample-max` per second (default 1000) and
+samples uniformly above it, so a reader can weight samples by `1/sample_rate` to recover counts."""
+
+_NOT_EVENTS = """\
+## Not events
+
+Configuration errors are not logged as events: they are found before the event log is opened (the log's path and
+level and the broker id are configuration too), so `ha-broker` prints one line per bad value on stderr and exits
+with code 2 (`--validate-config` does the same without starting)."""
+
+_EXAMPLE = """\
+## Example
+
+```json
+{"ts": "2026-11-22T02:30:00.123456Z", "level": "info", "event": "ha.lag", "broker": "b1", "queue": "orders", "backup": "b2", "position": 17, "enqueue_ts": 1795833000.1201, "ack_ts": 1795833000.1234, "lag_ms": 3.3, "backlog": 4, "sample_rate": 1.0}
+{"ts": "2026-11-22T02:31:10.000001Z", "level": "warning", "event": "ha.promoted", "broker": "b2", "epoch": 3, "from_state": "ready", "forced": false, "expected_backups": ["b3"]}
+{"ts": "2026-11-22T02:31:12.500000Z", "level": "warning", "event": "python.log", "broker": "b2", "logger": "kazoo.client", "message": "Connection dropped: socket connection broken"}
+```"""
+
+
+def _use_text(u: Use) -> str:
+    text = f"`{u.name}`"
+    if u.note:
+        text += f" ({u.note})"
+    if u.optional:
+        text += " (optional)"
+    return text
+
+
+def _event_row(e: Event) -> str:
+    levels = " / ".join(e.levels)
+    fields = ", ".join(_use_text(u) for u in e.fields)
+    return f"| `{e.name}` | {levels} | {fields} | {e.when} |"
+
+
+def render_markdown() -> str:
+    """The whole docs/events.md page."""
+    out = [
+        "# Event log schema",
+        "",
+        "<!-- Generated from broker/events.py by `python -m broker.events > docs/events.md`; do not edit. -->",
+        "",
+        _INTRO,
+        "",
+        "## Common fields (on every line)",
+        "",
+        "| field    | type   | meaning |",
+        "|----------|--------|---------|",
+        *[f"| `{f.name}` | {f.type} | {f.meaning} |" for f in COMMON.values()],
+        "",
+        _TIMES,
+    ]
+    for section in Section:
+        out += ["", f"## {section.value}", ""]
+        if section is Section.HA:
+            out += [_ROLES, ""]
+        out += ["| event | level | extra fields | when |", "|-------|-------|--------------|------|"]
+        out += [_event_row(e) for e in _EVENTS if e.section is section]
+        if section is Section.HA:
+            out += ["", _LAG]
+    out += [
+        "",
+        "## Fields",
+        "",
+        "Every field has one type wherever it appears (`float`: any JSON number; `null` only where it says so).",
+        "",
+        "| field | type | meaning |",
+        "|-------|------|---------|",
+        *[f"| `{f.name}` | {f.type}{' or null' if f.nullable else ''} | {f.meaning} |"
+          for f in sorted(FIELDS.values(), key=lambda f: f.name)],
+        "",
+        _NOT_EVENTS,
+        "",
+        _EXAMPLE,
+        "",
+    ]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_markdown())

@@ -1,0 +1,212 @@
+"""The journal's files: numbered segments, appends gathered per pass, one write and one fdatasync per commit.
+
+Group commit without blocking the event loop: `commit()` writes what the pass appended (one `write` into the page
+cache, on the loop thread) and hands a *ticket* to the syncer thread, which calls `fdatasync` (the GIL is released
+meanwhile) and reports the highest ticket made durable through `on_synced`, from its own thread: the caller passes
+it back to the loop (`call_soon_threadsafe`). Requests that queue up while a sync runs are served by the next one.
+
+A failed write (disk full, I/O error) leaves the file as it was (a partial write is cut back) and raises
+`JournalFull`/`JournalError`; the caller refuses durable work until a later write succeeds.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from broker.errors import BrokerError
+from broker.log import get_logger
+from broker.store import records as R
+
+log = get_logger("broker.store")
+
+SEGMENT_SIZE = 64 * 1024 * 1024
+
+
+class JournalFull(BrokerError):
+    """The disk is full (or over quota): nothing of the failed write is in the journal."""
+
+    condition = "amqp:resource-limit-exceeded"
+
+
+def segment_name(n: int) -> str:
+    return f"{n:08d}.jnl"
+
+
+def segment_numbers(directory: Path) -> list[int]:
+    out = []
+    for p in directory.glob("*.jnl"):
+        stem = p.name[:-4]
+        if stem.isdigit():
+            out.append(int(stem))
+    return sorted(out)
+
+
+class Syncer(threading.Thread):
+    """fdatasync in the background: `request(ticket, fd)`; `on_synced(ticket)` once everything up to it is on
+    disk, or `on_failed(ticket, error)`."""
+
+    def __init__(self, on_synced: Callable[[int], None], on_failed: Callable[[int, OSError], None]) -> None:
+        super().__init__(name="journal-sync", daemon=True)
+        self.on_synced = on_synced
+        self.on_failed = on_failed
+        self._cond = threading.Condition()
+        self._fds: dict[int, int] = {}  # fd -> highest ticket waiting for it
+        self._stopping = False
+
+    def request(self, ticket: int, fds: list[int]) -> None:
+        with self._cond:
+            for fd in fds:
+                self._fds[fd] = max(self._fds.get(fd, 0), ticket)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._fds and not self._stopping:
+                    self._cond.wait()
+                if not self._fds and self._stopping:
+                    return
+                work, self._fds = self._fds, {}
+            ticket = max(work.values())
+            try:
+                for fd in work:
+                    os.fdatasync(fd)
+            except OSError as e:
+                self.on_failed(ticket, e)
+                continue
+            self.on_synced(ticket)
+
+
+class Journal:
+    """Append-only segment files in `directory` (created if missing)."""
+
+    def __init__(self, directory: Path, segment_size: int = SEGMENT_SIZE) -> None:
+        self.directory = directory
+        self.segment_size = segment_size
+        self.segment = 0  # number of the segment being written
+        self.fd = -1
+        self.size = 0  # bytes in the current segment
+        self.pending: list[bytes] = []  # appended in this pass, not yet written
+        self.pending_bytes = 0
+        self.ticket = 0  # last commit handed to the syncer
+        self.synced = 0  # last commit known to be on disk
+        self.syncer: Syncer | None = None
+        self.to_sync: list[int] = []  # fds of closed segments not yet synced (rolled over)
+        self.written = 0  # bytes written since start (stats)
+
+    # ----- files ---------------------------------------------------------------------------------------------------
+    def open_segment(self, number: int) -> None:
+        """Start writing segment `number` (a new file with its header)."""
+        path = self.directory / segment_name(number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        head = R.header(number)
+        try:
+            _write_all(fd, head, 0)
+        except BrokerError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        if self.fd >= 0:
+            self.to_sync.append(self.fd)
+        self.fd, self.segment, self.size = fd, number, len(head)
+        _sync_dir(self.directory)
+
+    def reopen(self, number: int, size: int) -> None:
+        """Carry on writing an existing segment of `size` valid bytes (anything after is cut)."""
+        path = self.directory / segment_name(number)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        os.ftruncate(fd, size)
+        self.fd, self.segment, self.size = fd, number, size
+
+    def start(self, on_synced: Callable[[int], None], on_failed: Callable[[int, OSError], None]) -> None:
+        self.syncer = Syncer(on_synced, on_failed)
+        self.syncer.start()
+
+    def close(self) -> None:
+        if self.syncer is not None:
+            self.syncer.stop()
+            self.syncer.join(5)
+        if self.fd >= 0:
+            try:
+                os.fdatasync(self.fd)
+            finally:
+                os.close(self.fd)
+            self.fd = -1
+        for fd in self.to_sync:
+            os.close(fd)
+        self.to_sync.clear()
+
+    # ----- appending -----------------------------------------------------------------------------------------------
+    def append(self, record: bytes) -> None:
+        self.pending.append(record)
+        self.pending_bytes += len(record)
+
+    def commit(self) -> int | None:
+        """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises
+        JournalFull or JournalError; the journal then holds nothing of this commit."""
+        if not self.pending:
+            return None
+        if self.fd < 0:
+            self.pending, self.pending_bytes = [], 0
+            raise R.JournalError("journal: no segment open")
+        data = b"".join(self.pending) if len(self.pending) > 1 else self.pending[0]
+        self.pending = []
+        self.pending_bytes = 0
+        _write_all(self.fd, data, self.size)
+        self.size += len(data)
+        self.written += len(data)
+        self.ticket += 1
+        fds = [self.fd, *self.to_sync]
+        self.to_sync = []
+        if self.syncer is not None:
+            self.syncer.request(self.ticket, fds)
+        else:  # no thread (tools, tests): synchronous
+            for fd in fds:
+                os.fdatasync(fd)
+            self.synced = self.ticket
+        return self.ticket
+
+    def full(self) -> bool:
+        """Time to roll over to a new segment."""
+        return self.size >= self.segment_size
+
+    def drop_segment(self, number: int) -> None:
+        """Delete a segment whose records are all superseded (never the current one)."""
+        if number == self.segment:
+            raise ValueError("the current segment cannot be dropped")
+        (self.directory / segment_name(number)).unlink(missing_ok=True)
+
+
+def _write_all(fd: int, data: bytes, size_before: int) -> None:
+    """Write `data` whole, or leave the file at `size_before` and raise."""
+    view = memoryview(data)
+    done = 0
+    try:
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    except OSError as e:
+        if done:
+            try:
+                os.ftruncate(fd, size_before)
+            except OSError:
+                log.error("journal.truncate_failed", size=size_before, exc_info=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise JournalFull(f"journal: disk full ({e.strerror})") from None
+        raise R.JournalError(f"journal: write failed ({e.strerror or e})") from None
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,177 @@
+"""The journal's on-disk format (pure: bytes in, records out; no files).
+
+A journal is a directory of numbered segment files `00000001.jnl`, `00000002.jnl`, ... each starting with a header::
+
+    header  = "UJNL" format:u16 segment:u32                       (10 bytes)
+
+followed by records, each framed so that a torn or damaged one is recognised::
+
+    record  = length:u32 crc32:u32 kind:u8 payload[length - 1]    (crc32 over kind and payload)
+
+Kinds (integers big-endian; names and arguments as UTF-8 JSON, wiring is rare):
+
+    ENQUEUE   queue:u32 position:u64 level:u8 flags:u8 count:u32 expires:f64 body   a durable message
+    DEQUEUE   queue:u32 lo:u64 hi:u64                                             positions gone from a queue
+    QUEUE     queue:u32 json{name, uuid, arguments, next}                         a durable queue (or its state)
+    UNQUEUE   queue:u32                                                           the queue was deleted
+    EXCHANGE  json{name, type, uuid, arguments}                                   a durable exchange
+    UNEXCHANGE json{name}
+    BIND      json{exchange, queue, key, arguments}                                a binding of durable ends
+    UNBIND    json{exchange, queue, key}
+    STATE     json{epoch, role, state}                                            the broker's HA standing
+
+A queue is named by a number (`queue:u32`) given in its QUEUE record, so message records stay small. `next` in a
+QUEUE record is the queue's next position when it was written (positions are never reused, even after every message
+was consumed and the segments holding them were dropped).
+
+`scan` reads records from a buffer and tells a clean end from a torn tail (the last record incomplete or its CRC
+wrong: a write that a crash cut short) and from damage in the middle.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from broker.errors import BrokerError
+
+MAGIC = b"UJNL"
+FORMAT = 1
+HEADER = struct.Struct(">4sHI")
+FRAME = struct.Struct(">II")  # length (of kind + payload), crc32
+
+ENQUEUE, DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE = range(1, 10)
+KINDS = {ENQUEUE: "enqueue", DEQUEUE: "dequeue", QUEUE: "queue", UNQUEUE: "unqueue", EXCHANGE: "exchange",
+         UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state"}
+
+_ENQ = struct.Struct(">IQBBId")  # queue, position, level, flags, count, expires (0 = none)
+_DEQ = struct.Struct(">IQQ")
+_QID = struct.Struct(">I")
+_crc = zlib.crc32
+MAX_RECORD = 1 << 30
+
+
+class JournalError(BrokerError):
+    """The journal cannot be used as it is (damaged in the middle, a newer format, unreadable)."""
+
+
+def header(segment: int) -> bytes:
+    return HEADER.pack(MAGIC, FORMAT, segment)
+
+
+def check_header(data: bytes, name: str) -> int:
+    """The segment number of a segment file's header; JournalError if it is not one we can read."""
+    if len(data) < HEADER.size:
+        raise JournalError(f"{name}: too short for a journal segment header")
+    magic, fmt, segment = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise JournalError(f"{name}: not a journal segment (magic {magic!r})")
+    if fmt > FORMAT:
+        raise JournalError(f"{name}: journal format {fmt} is newer than this broker's ({FORMAT}); "
+                           "use the release that wrote it, or move the data directory away")
+    return int(segment)
+
+
+def frame(kind: int, payload: bytes) -> bytes:
+    body = bytes((kind,)) + payload
+    return FRAME.pack(len(body), _crc(body)) + body
+
+
+def enqueue(queue: int, position: int, level: int, flags: int, count: int, expires: float | None,
+            data: bytes) -> bytes:
+    head = bytes((ENQUEUE,)) + _ENQ.pack(queue, position, level, flags, count, expires or 0.0)
+    return FRAME.pack(len(head) + len(data), _crc(data, _crc(head))) + head + data
+
+
+def dequeue(queue: int, lo: int, hi: int) -> bytes:
+    return frame(DEQUEUE, _DEQ.pack(queue, lo, hi))
+
+
+def queue(qid: int, name: str, uuid: str, arguments: dict[str, Any], next_position: int) -> bytes:
+    doc = {"name": name, "uuid": uuid, "arguments": arguments, "next": next_position}
+    return frame(QUEUE, _QID.pack(qid) + json.dumps(doc, separators=(",", ":")).encode())
+
+
+def unqueue(qid: int) -> bytes:
+    return frame(UNQUEUE, _QID.pack(qid))
+
+
+def document(kind: int, doc: dict[str, Any]) -> bytes:
+    """EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE."""
+    return frame(kind, json.dumps(doc, separators=(",", ":")).encode())
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: int
+    payload: memoryview
+    offset: int  # of the frame, in the buffer scanned
+
+    def enqueue(self) -> tuple[int, int, int, int, int, float | None, bytes]:
+        q, pos, level, flags, count, expires = _ENQ.unpack_from(self.payload)
+        return q, pos, level, flags, count, expires or None, bytes(self.payload[_ENQ.size:])
+
+    def dequeue(self) -> tuple[int, int, int]:
+        q, lo, hi = _DEQ.unpack_from(self.payload)
+        return q, lo, hi
+
+    def queue(self) -> tuple[int, dict[str, Any]]:
+        (qid,) = _QID.unpack_from(self.payload)
+        return qid, json.loads(bytes(self.payload[4:]))
+
+    def qid(self) -> int:
+        return int(_QID.unpack_from(self.payload)[0])
+
+    def document(self) -> dict[str, Any]:
+        doc = json.loads(bytes(self.payload))
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        return doc
+
+
+@dataclass(frozen=True)
+class ScanEnd:
+    """How a scan ended: `good` = bytes of whole records from the start; `torn` = what follows is an incomplete
+    or damaged last record; `damaged` = a bad record followed by more data (not a crash's cut: real damage)."""
+
+    good: int
+    torn: bool
+    damaged: bool
+    reason: str = ""
+
+
+def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], ScanEnd]:
+    """The records in `data` from `start`, and how the scan ended."""
+    view = memoryview(data)
+    n = len(view)
+    off = start
+    out: list[Record] = []
+    fsize = FRAME.size
+    while off < n:
+        if off + fsize > n:
+            return out, ScanEnd(off, True, False, f"{n - off} bytes of an incomplete record header")
+        length, crc = FRAME.unpack_from(view, off)
+        end = off + fsize + length
+        if length == 0 or length > MAX_RECORD:
+            return out, _bad(off, n, end, f"record at byte {off} has an impossible length {length}")
+        if end > n:
+            return out, ScanEnd(off, True, False, f"record at byte {off} needs {length} bytes, {n - off - fsize} left")
+        body = view[off + fsize : end]
+        if _crc(body) != crc:
+            return out, _bad(off, n, end, f"record at byte {off} fails its CRC")
+        kind = body[0]
+        if kind not in KINDS:
+            return out, _bad(off, n, end, f"record at byte {off} has an unknown kind {kind}")
+        out.append(Record(kind, body[1:], off))
+        off = end
+    return out, ScanEnd(off, False, False)
+
+
+def _bad(off: int, n: int, end: int, reason: str) -> ScanEnd:
+    # A damaged record at the very end is what a crash in the middle of a write leaves: a torn tail. Anything after
+    # it means the damage is not at the end.
+    torn = end >= n
+    return ScanEnd(off, torn, not torn, reason)

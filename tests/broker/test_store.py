@@ -1,0 +1,213 @@
+"""The durable store: durable messages on durable queues survive a SIGKILL; nothing else touches the disk; a torn
+tail is cut, damage elsewhere and a newer format stop the broker with a message; a full disk refuses durable
+messages with a precise error and loses nothing already acknowledged."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from proton import Delivery, Message
+from proton.utils import BlockingConnection, SendException
+
+from broker.store import records as R
+from tests.support.amqp import drain, mgmt, receive, send
+from tests.support.bulk import fill
+from tests.support.procs import BrokerFactory, BrokerProcess, wait_for
+
+
+def journal_dir(b: BrokerProcess) -> Path:
+    return b.data_dir / "journal"
+
+
+def segments(b: BrokerProcess) -> list[Path]:
+    return sorted(journal_dir(b).glob("*.jnl"))
+
+
+def durable_queue(b: BrokerProcess, name: str, **args: object) -> None:
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", name, {"arguments": {"durable": True, **args}})
+
+
+def restart_after_kill(b: BrokerProcess) -> None:
+    b.kill()
+    b.start()
+
+
+def test_durable_messages_of_durable_queues_survive_a_kill_in_order(brokers: BrokerFactory) -> None:
+    b = brokers()
+    durable_queue(b, "orders")
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "scratch", {})
+    send(b.url, "orders", list(range(1, 201)), durable=True)
+    send(b.url, "orders", ["not durable"], durable=False)
+    send(b.url, "scratch", ["gone"], durable=True)
+    assert receive(b.url, "orders", 50) == list(range(1, 51))
+    restart_after_kill(b)
+    assert drain(b.url, "orders") == list(range(51, 201))
+    with mgmt(b.url) as m:
+        assert m.request("READ", "queue", "scratch").status == 404  # a non-durable queue is not kept
+        q = m.call("READ", "queue", "orders").body
+    assert q["next-position"] >= 201  # positions go on from the highest journaled one
+    recovered = next(e for e in b.events(since_start=True) if e["event"] == "journal.recovered")
+    assert recovered["messages"] == 150 and recovered["queues"] == 1
+
+
+def test_non_durable_traffic_never_touches_the_disk(brokers: BrokerFactory) -> None:
+    b = brokers()
+    durable_queue(b, "dq")
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "vq", {})
+    send(b.url, "dq", ["warm"], durable=True)
+    before = sum(p.stat().st_size for p in segments(b))
+    send(b.url, "dq", list(range(500)), durable=False)  # a durable queue, non-durable messages
+    send(b.url, "vq", list(range(500)), durable=True)  # durable messages, a non-durable queue
+    assert receive(b.url, "dq", 501)[0] == "warm"
+    receive(b.url, "vq", 500)
+    after = sum(p.stat().st_size for p in segments(b))
+    assert after - before < 64  # one dequeue record (the durable "warm"), nothing else
+
+
+def test_group_commit_writes_many_messages_per_write_and_sync(brokers: BrokerFactory) -> None:
+    b = brokers()
+    durable_queue(b, "burst")
+    with mgmt(b.url) as m:
+        c0 = m.call("READ", "broker", "broker").body["journal"]["commits"]
+    fill(b.url, "burst", 2000, start=0, durable=True)  # pipelined: many in flight, confirmed together
+    with mgmt(b.url) as m:
+        commits = m.call("READ", "broker", "broker").body["journal"]["commits"] - c0
+    assert commits < 2000 / 5, commits  # a write and an fdatasync per pass, not per message
+    restart_after_kill(b)
+    assert drain(b.url, "burst") == list(range(2000))
+
+
+def test_a_torn_tail_is_cut_and_reported(brokers: BrokerFactory) -> None:
+    b = brokers()
+    durable_queue(b, "t")
+    send(b.url, "t", list(range(10)), durable=True)
+    b.kill()
+    last = segments(b)[-1]
+    good = last.stat().st_size
+    record = R.enqueue(1, 999, 0, 2, 0, None, b"\x00\x53\x77\xa1\x04torn")
+    with last.open("ab") as f:
+        f.write(record[: len(record) // 2])  # a crash in the middle of a write
+    b.start()
+    torn = [e for e in b.events(since_start=True) if e["event"] == "journal.torn_tail"]
+    assert torn and torn[0]["bytes"] == len(record) // 2
+    assert drain(b.url, "t") == list(range(10))
+    assert last.stat().st_size == good or not last.exists()  # cut back (or dropped: nothing live on it)
+
+
+def test_damage_in_the_middle_stops_the_broker_with_where_and_what_to_do(brokers: BrokerFactory) -> None:
+    b = brokers()
+    durable_queue(b, "d")
+    send(b.url, "d", list(range(20)), durable=True)
+    b.kill()
+    last = segments(b)[-1]
+    data = bytearray(last.read_bytes())
+    data[R.HEADER.size + 12] ^= 0xFF  # inside the first record, with good records after it
+    last.write_bytes(bytes(data))
+    proc = b.start(wait=False).proc
+    assert proc is not None
+    assert proc.wait(30) == 2
+    err = b.stderr_file.read_text()
+    assert f"journal damaged in {last.name}" in err and "ha-admin journal cut" in err
+    assert last.read_bytes() == bytes(data)  # nothing was changed
+
+
+def test_a_journal_from_a_newer_format_is_refused(brokers: BrokerFactory) -> None:
+    b = brokers()
+    durable_queue(b, "n")
+    b.kill()
+    last = segments(b)[-1]
+    data = bytearray(last.read_bytes())
+    struct.pack_into(">H", data, 4, R.FORMAT + 1)
+    last.write_bytes(bytes(data))
+    proc = b.start(wait=False).proc
+    assert proc is not None
+    assert proc.wait(30) == 2
+    assert f"journal format {R.FORMAT + 1} is newer than this broker's" in b.stderr_file.read_text()
+
+
+def test_old_segments_are_dropped_or_compacted_and_recovery_is_exact(brokers: BrokerFactory) -> None:
+    b = brokers("--journal-segment-bytes", str(64 * 1024))
+    durable_queue(b, "long")
+    durable_queue(b, "busy")
+    send(b.url, "long", ["stays"], durable=True)  # pins the first segment...
+    body = "x" * 1000
+    for round_ in range(6):  # ... while a busy queue fills and empties many segments
+        send(b.url, "busy", [f"{round_}-{i}-{body}" for i in range(100)], durable=True)
+        assert len(receive(b.url, "busy", 100)) == 100
+    events = b.events()
+    assert any(e["event"] == "journal.segment.compacted" for e in events)
+    assert any(e["event"] == "journal.segment.dropped" for e in events)
+    assert len(segments(b)) <= 3
+    restart_after_kill(b)
+    assert drain(b.url, "long") == ["stays"]
+    assert drain(b.url, "busy") == []
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs: a disk that fills up (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(b"\0" * (5 * 1024 * 1024))  # what else fills the disk; the operator frees it later
+    b = brokers(start=False)
+    b.data_dir = small_disk / "data"
+    b.start()
+    durable_queue(b, "full")
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "memory", {})
+    conn = BlockingConnection(b.url, timeout=30)
+    s = conn.create_sender("full")
+    accepted: list[int] = []
+    refused = None
+    for i in range(10_000):  # ~10 KiB each: the disk is full long before the end
+        d = s.link.send(Message(body=f"{i}-{'y' * 10_000}", durable=True))
+        conn.wait(lambda d=d: bool(d.remote_state), timeout=30)
+        if d.remote_state == Delivery.ACCEPTED:
+            accepted.append(i)
+        else:
+            refused = d
+            break
+    conn.close()
+    assert refused is not None and refused.remote_state == Delivery.REJECTED
+    assert refused.remote.condition.name == "amqp:resource-limit-exceeded"
+    assert "disk full" in refused.remote.condition.description
+    send(b.url, "memory", ["non-durable traffic still flows"])  # nothing else is refused
+    assert drain(b.url, "memory") == ["non-durable traffic still flows"]
+    with mgmt(b.url) as m:
+        assert "disk full" in m.call("READ", "broker", "broker").body["journal"]["failed"]
+    assert any(e["event"] == "journal.failed" for e in b.events())
+    assert len(accepted) > 10
+    restart_after_kill(b)  # restarted on a full disk: it starts, serves, and refuses what it cannot journal
+    with pytest.raises(SendException):
+        send(b.url, "full", [f"x-{'z' * 100_000}"], durable=True)
+    with mgmt(b.url) as m:
+        assert "disk full" in m.call("READ", "broker", "broker").body["journal"]["failed"]
+    assert [int(str(x).split("-")[0]) for x in receive(b.url, "full", 3)] == accepted[:3]  # consumers served
+    ballast.unlink()  # the operator frees space
+    wait_for(lambda: any(e["event"] == "journal.writable" for e in b.events()), 10,
+             what="writes to succeed again once there is room")
+    send(b.url, "full", ["after"], durable=True)
+    restart_after_kill(b)
+    rest = drain(b.url, "full")
+    assert [int(str(x).split("-")[0]) for x in rest[:-1]] == accepted[3:] and rest[-1] == "after"
