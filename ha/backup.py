@@ -115,6 +115,10 @@ class Backup:
             return  # an attempt is under way
         if self.stopped:
             return
+        store = self.server.store
+        if store is not None and store.failed is not None:
+            self._schedule_reconnect()  # back once the journal can write again
+            return
         me = (self.config.host, self.server.port)
         # The primary we just lost is most likely dead, and a dead host can make an attempt hang until its deadline:
         # for a few seconds try it only when every other address has been tried.
@@ -328,11 +332,30 @@ class Backup:
         raw.send_settled(self.mgmt_sender._impl, next(_tags), data)  # the reply is the answer
 
     def end_of_pass(self) -> None:
-        """Once per pass: one message acknowledging every position applied since the last one."""
+        """Once per pass: one message acknowledging every position applied since the last one, once the
+        journal holds them (a backup acknowledges only what it would still hold after a crash)."""
+        store = self.server.store
+        if store is not None and store.failed is not None and self.connected:
+            # It cannot journal what it applies: it must not acknowledge, and must not keep the primary waiting.
+            self._lost(f"journal cannot write: {store.failed}")
+            return
         link = self.ack_link
-        if not self.pending_acks or link is None or link.credit <= 0 or not self.connected:
+        if not self.pending_acks or link is None or not self.connected:
             return
         acks, self.pending_acks = self.pending_acks, {}
+        if store is None:
+            self._send_acks(link, acks)
+        else:
+            store.when_synced(lambda: self._send_acks(link, acks))
+
+    def _send_acks(self, link: Any, acks: dict[str, PositionSet]) -> None:
+        if link is not self.ack_link or not self.connected:
+            return  # that connection is gone: the next one starts from what this broker holds
+        if link.credit <= 0:
+            for name, positions in acks.items():  # wait for credit: merge back
+                mine = self.pending_acks.get(name)
+                self.pending_acks[name] = positions if mine is None else positions.union(mine)
+            return
         if self.binary_acks:
             data = B.encode_acks({name: positions.ranges() for name, positions in acks.items()})
         else:

@@ -52,6 +52,7 @@ class HaNode(Extension):
         self.primary_public_url: str | None = None
         self.address = ""
         self.coordinated: CoordinatedRole | None = None
+        self.ready_epoch = 0  # the newest epoch this broker was primary or ready in (journaled; see _record_standing)
 
     # ----- plugin -----------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -99,6 +100,8 @@ class HaNode(Extension):
 
     def start(self) -> None:
         self.address = f"{self.config.host}:{self.server.port}"
+        standing = self.recovered_standing() or {}
+        self.ready_epoch = int(standing.get("ready_epoch", 0) or 0)
         log.info("ha.state", from_state=None, to_state=self.state.value, role=self.state.role.value, epoch=self.epoch,
                  reason="started with --ha-cluster")
         self._become_backup()
@@ -116,6 +119,7 @@ class HaNode(Extension):
         old, self.state = self.state, new
         log.info("ha.state", from_state=old.value, to_state=new.value, role=new.role.value, epoch=self.epoch,
                  reason=reason)
+        self._record_standing()
         if self.primary is not None:
             self.primary.update_membership()
         if self.coordinated is not None:
@@ -132,6 +136,21 @@ class HaNode(Extension):
             self.epoch = epoch
             if self.store is not None:
                 self.store.raise_to(epoch)
+            self._record_standing()
+
+    def _record_standing(self) -> None:
+        """Journal (epoch, role, state, ready_epoch): after a whole-cluster restart the most current store is the
+        one of a broker that was primary or ready in the newest epoch (`ready_epoch`: the newest epoch in which this
+        broker was a primary or a ready backup, kept across restarts until it is one again)."""
+        if self.state in (HaState.READY, HaState.RECOVERING, HaState.ACTIVE):
+            self.ready_epoch = max(self.ready_epoch, self.epoch)
+        journal = self.server.store
+        if journal is not None:
+            journal.record_state(self.epoch, self.state.role.value, self.state.value, self.ready_epoch)
+
+    def recovered_standing(self) -> dict[str, Any] | None:
+        journal = self.server.store
+        return dict(journal.recovered.state) if journal is not None and journal.recovered.state else None
 
     def position(self) -> int:
         """How current this broker's replicated data is: the sum of the highest positions of replicated queues."""
@@ -254,6 +273,9 @@ class HaNode(Extension):
             "primary": self.backup.primary_name if self.backup and self.backup.connected else (
                 self.server.id if self.primary else None),
             "default_level": self.default_level,
+            "recovered": self.recovered_standing(),
+            "ready_epoch": self.ready_epoch,
+            "journal_failed": self.server.store.failed if self.server.store is not None else None,
             "members": members,
             "membership_since": self.membership_since,
             "configured_public_url": self.config.ha_public_url,

@@ -89,12 +89,20 @@ class QueueReplicator:
             self._fail("amqp:decode-error", str(e))
             return
         # Pre-settled (acknowledged on $ha.acks) or not: settle. For a primary without $ha.acks the settlement is the
-        # acknowledgement; an outcome would only cost a disposition update.
-        raw.delivery_settle(d)
+        # acknowledgement (an outcome would only cost a disposition update): then only once the journal holds it.
+        store = self.backup.server.store
+        if store is not None and not raw.delivery_settled(d):
+            store.when_synced(lambda: self._settle_late(d))
+        else:
+            raw.delivery_settle(d)
         self.unflowed += 1
         if self.unflowed >= max(1, self.window // 2):
             raw.link_flow(link, self.unflowed)
             self.unflowed = 0
+
+    def _settle_late(self, d: Any) -> None:
+        if not self.closed:  # the pointer is valid while the link is (an unsettled delivery is not recycled)
+            raw.delivery_settle(d)
 
     def _apply_batch(self, data: bytes) -> None:
         records = B.parse(data, self.max_message)

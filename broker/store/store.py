@@ -282,9 +282,10 @@ class Store(Extension):
         ex, q = w.exchanges.get(exchange), w.queues.get(queue)
         return ex is not None and q is not None and bool(ex.arguments.get("durable")) and q.options.durable
 
-    def record_state(self, epoch: int, role: str, state: str) -> None:
+    def record_state(self, epoch: int, role: str, state: str, ready_epoch: int = 0) -> None:
         """The broker's HA standing, for ranking stores after a whole-cluster restart."""
-        self.state = {"epoch": epoch, "role": role, "state": state, "time": time.time()}
+        self.state = {"epoch": epoch, "role": role, "state": state, "ready_epoch": ready_epoch,
+                      "time": time.time()}
         self.journal.append(R.document(R.STATE, self.state))
 
     # ----- queues (observer of durable queues) ---------------------------------------------------------------------
