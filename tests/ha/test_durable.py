@@ -1,0 +1,57 @@
+"""Replication with journals: a backup restarted with its journal catches up only what it lacks; a backup
+acknowledges only what its journal holds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.support.amqp import drain, mgmt
+from tests.support.bulk import fill
+from tests.support.cluster import Cluster
+from tests.support.procs import wait_for
+
+Make = Callable[..., Cluster]
+
+
+def catchups(c: Cluster, backup: str) -> list[int]:
+    """Messages the primary planned to send `backup` at each attach of its browser of queue `d`."""
+    return [e["messages"] for e in c[0].events()
+            if e["event"] == "ha.catchup.start" and e["backup"] == backup and e["queue"] == "d"]
+
+
+def test_a_backup_restarted_with_its_journal_catches_up_only_what_it_lacks(cluster: Make) -> None:
+    c = cluster(2)
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "d", {"arguments": {"durable": True}})
+    fill(c[0].url, "d", 3000, durable=True)
+    c[1].kill()
+    fill(c[0].url, "d", 200, start=3001, durable=True)  # while the backup is down
+    c[1].start()
+    c.wait_state(1, "ready")
+    assert catchups(c, "b2")[-1] == 200  # the 3000 it journaled were not sent again
+    assert c.queue_bodies(1, "d") == list(range(1, 3201))
+    c[0].kill()
+    c.promote(1)
+    c.wait_state(1, "active")
+    assert drain(c[1].url, "d") == list(range(1, 3201))
+
+
+def test_the_backups_journal_holds_every_confirmed_message(cluster: Make) -> None:
+    """Every message a client saw confirmed is in the backup's journal, not only in its memory: kill the primary
+    and the backup right after the confirmations, restart only the backup: it has them all, and knows it was
+    ready in the newest epoch. (That it acknowledges only after its fdatasync is tested in
+    tests/unit/test_store_sync.py: a SIGKILL cannot lose what is in the page cache.)"""
+    c = cluster(2)
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "d", {"arguments": {"durable": True}})
+    fill(c[0].url, "d", 2000, durable=True)  # returns once every message was confirmed
+    c[1].kill()
+    c[0].kill()
+    c[1].start()
+    st = wait_for(lambda: Cluster.try_status(c[1]), 20, what="the backup to answer")
+    assert st["recovered"]["ready_epoch"] == st["epoch"] >= 1  # it was ready in the newest epoch
+    c.promote(1, "--force")
+    c.wait_state(1, "active")
+    assert drain(c[1].url, "d") == list(range(1, 2001))
