@@ -44,7 +44,8 @@ class Member:
         log = open(self.data_dir / "broker.log", "ab")  # noqa: SIM115 - the child keeps it
         self.proc = subprocess.Popen(
             [str(BIN / "ha-broker"), "--host", "127.0.0.1", "--port", str(self.port), "--name", self.name,
-             "--data-dir", str(self.data_dir), "--log-file", str(self.data_dir / "events.log"), *self.args],
+             "--data-dir", str(self.data_dir), "--log-file", str(self.data_dir / "events.log"),
+             "--pid-file", str(self.data_dir / "broker.pid"), *self.args],
             stdout=log, stderr=log, start_new_session=True)
 
     @property
@@ -93,14 +94,21 @@ class Manager:
                  if m.status and m.status["state"] == "ready"]
         fresh = [m for m in self.members if m.status and m.status["epoch"] == 0 and m.status["state"] == "joining"]
         name = best_candidate(ready)
+        force = False
         if name is None and len(fresh) == len(self.members):
             name = fresh[0].name  # brand-new cluster: nobody holds anything yet
+        elif name is None and all(m.status and m.status["state"] == "joining" for m in self.members):
+            # Every broker restarted (./run.sh again): all answer, none is ready. The most current one holds
+            # everything any of them holds (the runbook's total-outage recovery, done for the local cluster).
+            name = best_candidate([(m.name, Rank(m.status["epoch"], m.status["position"]))
+                                   for m in self.members if m.status])
+            force = True
         if name is None:
             return
         target = next(m for m in self.members if m.name == name)
         try:
             with ManagementClient(target.url, timeout=5) as c:
-                r = c.request("PROMOTE", P.MGMT_TYPE, body={})
+                r = c.request("PROMOTE", P.MGMT_TYPE, body={"force": True} if force else {})
             self.say(f"promoted {name}: {r.description}" if r.ok else f"promotion of {name} refused: {r.description}")
         except ManagementError as e:
             self.say(f"promotion of {name} failed: {e}")
@@ -123,7 +131,9 @@ def main(brokers: int, base_port: int, data_dir: Path, heartbeat: float, status_
     """Run a local Understudy cluster on 127.0.0.1 until Ctrl-C."""
     ports = [base_port + i for i in range(brokers)]
     url = ",".join(f"127.0.0.1:{p}" for p in ports)
-    args = ["--ha-cluster", "--ha-brokers-url", url, "--ha-heartbeat", str(heartbeat), "--ha-public-url", url]
+    # Auto-created queues: a demo client can send to any address (see the README's quickstart).
+    args = ["--ha-cluster", "--ha-brokers-url", url, "--ha-heartbeat", str(heartbeat), "--ha-public-url", url,
+            "--auto-create-queues"]
     members = [Member(f"broker{i + 1}", p, data_dir / f"broker{i + 1}", args) for i, p in enumerate(ports)]
     for m in members:
         m.start()
@@ -137,8 +147,8 @@ def main(brokers: int, base_port: int, data_dir: Path, heartbeat: float, status_
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     click.echo(f"Understudy cluster starting: clients connect to {url}", err=True)
-    click.echo(f"  event logs: {data_dir}/broker*/events.log;  status: ha-status --broker {members[0].url}",
-               err=True)
+    click.echo(f"  event logs: {data_dir}/broker*/events.log;  pids: {data_dir}/broker*/broker.pid;  "
+               f"status: ha-status --broker {members[0].url} -w 1", err=True)
     last_status = 0.0
     announced = False
     deadline = time.monotonic() + 60

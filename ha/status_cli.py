@@ -2,7 +2,8 @@
 
     ha-status --broker 127.0.0.1:5672            # table
     ha-status --broker 127.0.0.1:5672 -f json    # the same content as JSON (stable field names)
-    ha-status --broker 127.0.0.1:5672 --all -w 2 # with epoch and position, refresh every 2 s
+    ha-status --broker 127.0.0.1:5672 --all -w 2 # with epoch and position, refresh every 2 s; when the asked
+                                                 # broker stops answering, ask the others of its brokers URL
     ha-status --broker 127.0.0.1:5672 --expect ready   # exit 0 if that broker is ready, 1 otherwise
     ha-status --broker 127.0.0.1:5672 --is-primary     # exit 0 if that broker is the primary, 1 otherwise
 
@@ -199,6 +200,8 @@ def render(view: dict[str, Any], all_members: bool = False) -> Group:
     if head is not None:
         header.append("  ")
         header.append(*head)
+    if view.get("unanswered"):
+        header.append(f"  (asked {view['queried']}: {len(view['unanswered'])} before it did not answer)", "yellow")
     if view.get("waiting"):
         header.append(f"  NO PRIMARY: waiting ({view['waiting']})", "bold red")
     t = Table(show_lines=False)
@@ -250,7 +253,8 @@ def check(broker: str, expect: str | None, timeout: float, user: str | None, pas
 
 
 @click.command()
-@click.option("--broker", "-b", default="127.0.0.1:5672", show_default=True, help="any member's host:port")
+@click.option("--broker", "-b", default="127.0.0.1:5672", show_default=True,
+              help="any member's host:port, or several, comma separated: the first that answers")
 @click.option("--all", "all_members", is_flag=True, help="also show each member's epoch and position")
 @click.option("-f", "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-w", "--watch", type=float, default=None, help="refresh every SECONDS until Ctrl-C")
@@ -267,29 +271,41 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: s
     """Show the HA cluster: members, roles, states, backlog and lag of each backup."""
     if expect is not None or is_primary:
         clash = [flag for flag, given in (("--expect", expect is not None and is_primary), ("--watch", watch),
-                                          ("--zk-hosts", zk_hosts)) if given]
+                                          ("--zk-hosts", zk_hosts), ("several --broker addresses",
+                                                                      len(_addresses(broker)) > 1)) if given]
         if clash:
             raise click.UsageError(f"--expect/--is-primary check one broker once: not with {clash[0]}")
         sys.exit(check(broker, "primary" if is_primary else expect, timeout, user, password))
     console = Console(width=None if sys.stdout.isatty() else 160)
+    asked = _addresses(broker)
+    if not asked and not zk_hosts:
+        raise click.UsageError("--broker needs host:port")
+    known: list[str] = []  # the brokers URL of the last answer: where to turn when the asked broker goes away
     while True:
-        try:
-            if zk_hosts:
-                view = collect_zk(zk_hosts, zk_path, timeout)
-            else:
-                view = collect(broker, all_members, timeout, user, password)
-        except ManagementError as e:
-            click.echo(f"ha-status: {e}", err=True)
+        view, errors = None, []
+        for url in [*asked, *(a for a in known if a not in asked)] if not zk_hosts else [zk_hosts]:
+            try:
+                view = (collect_zk(zk_hosts, zk_path, timeout) if zk_hosts
+                        else collect(url, all_members, timeout, user, password))
+                break
+            except ManagementError as e:
+                errors.append(str(e))
+        if view is None:
+            click.echo(f"ha-status: {errors[0]}" if len(errors) == 1 else
+                       f"ha-status: no broker answers ({'; '.join(errors)})", err=True)
             if watch is None:
                 sys.exit(1)
-            view = None
-        if view is not None:
+        else:
+            known = _addresses(view.get("brokers_url"))
+            if errors:
+                view["unanswered"] = errors
             if fmt == "json":
                 click.echo(json.dumps(view, sort_keys=True))
             else:
                 if watch is not None:
                     console.clear()
                 console.print(render(view, all_members))
+            sys.stdout.flush()  # watched through a pipe (| tee): each view as it comes
         if watch is None:
             return
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from proton import ConnectionException, Timeout
@@ -182,9 +183,11 @@ def test_purge_and_move_on_the_primary_replicate_and_are_refused_on_a_backup(clu
     assert rcv.receive(5).body == 0
     rcv.accept()
     listener.close()
+    def holds(i: int, a: list[int], b: list[int]) -> bool:
+        return c.queue_bodies(i, "a") == a and c.queue_bodies(i, "b") == b
+
     for i in (0, 1):
-        wait_for(lambda i=i: c.queue_bodies(i, "a") == [4, 5, 6, 7, 8, 9] and c.queue_bodies(i, "b") == [1, 2, 3],
-                 what=f"move replicated on b{i + 1}")
+        wait_for(partial(holds, i, [4, 5, 6, 7, 8, 9], [1, 2, 3]), what=f"move replicated on b{i + 1}")
 
     # Refusals: precise status and reason, exit 1 (2 for bad usage), nothing changed.
     refusals = [
@@ -194,19 +197,20 @@ def test_purge_and_move_on_the_primary_replicate_and_are_refused_on_a_backup(clu
         (("move", "a", "a"), "400 source and destination are the same queue 'a'"),
         (("purge", "nosuch"), "404 queue 'nosuch' not found"),
     ]
-    for args, why in refusals:
-        r = run("ha-admin", "--broker", p, *args)
-        assert r.returncode == 1 and why in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
-    for args in (("purge", "a"), ("move", "a", "b")):
-        r = run("ha-admin", "--broker", b, *args)
+    for command, why in refusals:
+        r = run("ha-admin", "--broker", p, *command)
+        assert r.returncode == 1 and why in r.stderr and r.stderr.count("\n") == 1, (command, r.stderr)
+    for command in (("purge", "a"), ("move", "a", "b")):
+        r = run("ha-admin", "--broker", b, *command)
         assert r.returncode == 1 and "409 this broker is a backup" in r.stderr, r.stderr
     r = run("ha-admin", "--broker", p, "move", "a", "b", "--count", "0")
     assert r.returncode == 2 and "--count" in r.stderr
     with ManagementClient(p) as m:
-        for body in ({"destination": "b", "count": "2"}, {"destination": "b", "count": True}, {"count": 1},
-                     {"destination": "b", "limit": 1}, ["b"]):
-            r = m.request("MOVE", "queue", "a", body)
-            assert r.status == 400, (body, r.description)
+        bodies: list[Any] = [{"destination": "b", "count": "2"}, {"destination": "b", "count": True}, {"count": 1},
+                             {"destination": "b", "limit": 1}, ["b"]]
+        for body in bodies:
+            reply = m.request("MOVE", "queue", "a", body)
+            assert reply.status == 400, (body, reply.description)
         assert m.request("PURGE", "queue", "a", {"all": True}).status == 400
         assert m.request("PURGE", "queue").status == 400
     assert c.queue_bodies(0, "a") == [4, 5, 6, 7, 8, 9] and c.queue_bodies(0, "small") == []
@@ -225,8 +229,7 @@ def test_purge_and_move_on_the_primary_replicate_and_are_refused_on_a_backup(clu
     r = run("ha-admin", "--broker", p, "purge", "b")
     assert r.returncode == 0 and "purged 3 messages from b" in r.stdout
     for i in (0, 1):
-        wait_for(lambda i=i: c.queue_bodies(i, "a") == [] and c.queue_bodies(i, "b") == [],
-                 what=f"purges replicated on b{i + 1}")
+        wait_for(partial(holds, i, [], []), what=f"purges replicated on b{i + 1}")
     assert [e["count"] for e in events(c[0], "queue.purged")] == [5, 3]
 
 
