@@ -6,6 +6,9 @@ consumer that went away holding the message unsettled; both raise the message's 
 is not a failure (the consumer did not try it) and does not count. Dead-lettering goes through the queue's
 alternate exchange like a rejected message; without one (or when it routes nowhere) the message is dropped. Either
 way it is logged (`queue.delivery_limit`), once per message: this is the rare path.
+
+Counts live with the message on the primary; a backup gets a message's count with the message (live or catch-up)
+but not the later failures, so after a failover a message may be tried up to `delivery-limit` more times.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def dead_letter_if_over(server: Server, q: Queue, entry: Entry) -> bool:
     alt = q.options.alternate_exchange
     exists = alt is not None and alt in server.wiring.exchanges
     server.dead_letter(q, data)
-    log.warning("queue.delivery_limit", queue=q.name, position=entry.position, failures=entry.count + 1,
-                limit=limit, alternate_exchange=alt if exists else None, dropped=not exists)
+    # count: failed deliveries (= the limit); exchange: the alternate exchange, null when the message was dropped
+    log.warning("queue.delivery_limit", queue=q.name, position=entry.position, count=entry.count + 1,
+                exchange=alt if exists else None)
     return True

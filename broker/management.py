@@ -332,7 +332,7 @@ class BrokerOperations:
         gone = [e for e in map(q.get, list(q.positions())) if e is not None and e.state == AVAILABLE]
         for e in gone:
             q.dequeue(e, DequeueReason.PURGED)
-        log.info("queue.purged", queue=q.name, count=len(gone), acquired=q.acquired_count, user=req.user)
+        log.info("queue.purged", queue=q.name, count=len(gone), user=req.user)
         return Response(200, f"purged {len(gone)} messages from {q.name}", {"purged": len(gone), "depth": q.depth})
 
     def move(self, req: Request) -> Response:
@@ -403,7 +403,7 @@ class BrokerOperations:
         c.condition = Condition("amqp:connection:forced", f"closed by an operator (management, user {req.user})")
         c.close()
         log.warning("connection.closed_by_operator", connection=ident, remote=st.remote, kind=st.kind,
-                    user=st.user, by=req.user)
+                    user=req.user)  # the operator's user; the connection's own is in its connection.opened
         return Response(200, f"connection {ident} ({st.remote}, {st.kind}) closed", row)
 
 

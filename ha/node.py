@@ -351,18 +351,18 @@ class HaNode(Extension):
         public URL from the next open frame, membership message and redirect. Not persisted across a restart."""
         body = req.body
         if not isinstance(body, dict) or not body:
-            return self._refused_set(400, "body must be a map with brokers_url and/or public_url")
+            return self._refused_set(req, 400, "body must be a map with brokers_url and/or public_url")
         unknown = sorted(str(k) for k in body if k not in SETTABLE)
         if unknown:
-            return self._refused_set(400, f"unknown setting {unknown[0]!r} (expected {', '.join(SETTABLE)})")
+            return self._refused_set(req, 400, f"unknown setting {unknown[0]!r} (expected {', '.join(SETTABLE)})")
         changes = {f"ha_{k}": v for k, v in body.items()}
         bad = [f"{flag_name(k)}: must be a string (got {v!r})" for k, v in changes.items() if not isinstance(v, str)]
         if bad:
-            return self._refused_set(400, bad[0])
+            return self._refused_set(req, 400, bad[0])
         try:
             new = load_config({**self.config.model_dump(), **changes})
         except ConfigError as e:
-            return self._refused_set(400, "; ".join(e.lines))
+            return self._refused_set(req, 400, "; ".join(e.lines))
         old = self.config
         self.config = self.server.config = new
         if self.backup is not None:
@@ -374,11 +374,12 @@ class HaNode(Extension):
             self.primary.config = new
             self.primary.broadcast_membership()  # backups redirect clients to the public URL it carries
         log.warning("ha.settings.changed", brokers_url=new.ha_brokers_url, public_url=new.ha_public_url,
-                    previous_brokers_url=old.ha_brokers_url, previous_public_url=old.ha_public_url, user=req.user)
+                    description=f"was brokers_url {old.ha_brokers_url}, public_url {old.ha_public_url}",
+                    user=req.user)
         return Response(200, f"{', '.join(sorted(body))} changed (until restart)", self.status())
 
-    def _refused_set(self, status: int, text: str) -> Response:
-        log.warning("ha.settings.refused", status=status, description=text)
+    def _refused_set(self, req: Request, status: int, text: str) -> Response:
+        log.warning("ha.settings.refused", status=status, description=text, user=req.user)
         return Response(status, text)
 
 

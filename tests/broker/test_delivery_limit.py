@@ -47,8 +47,7 @@ def test_consumer_crashing_three_times_on_a_message_moves_it_to_the_alternate_ex
     assert drain(url, dlq) == ["poison"]
     ev = wait_for(lambda: [e for e in read_events(broker.log_file) if e["event"] == "queue.delivery_limit"],
                   what="queue.delivery_limit logged")
-    assert ev[0]["queue"] == "work" and ev[0]["failures"] == 3 and ev[0]["limit"] == 3
-    assert ev[0]["alternate_exchange"] == "work-dlx" and ev[0]["dropped"] is False
+    assert (ev[0]["queue"], ev[0]["count"], ev[0]["exchange"]) == ("work", 3, "work-dlx")
 
 
 def test_plain_release_is_not_a_failure_and_a_vanished_consumer_is(broker: BrokerProcess) -> None:
@@ -81,7 +80,7 @@ def test_without_alternate_exchange_the_message_is_dropped_and_logged(broker: Br
     assert drain(url, "solo") == []
     ev = wait_for(lambda: [e for e in read_events(broker.log_file) if e["event"] == "queue.delivery_limit"],
                   what="queue.delivery_limit logged")
-    assert ev[0]["dropped"] is True and ev[0]["alternate_exchange"] is None
+    assert ev[0]["exchange"] is None and ev[0]["count"] == 1
     with mgmt(url) as m:
         assert m.call("READ", "queue", "solo").body["depth"] == 0
 
