@@ -201,7 +201,7 @@ def render(view: dict[str, Any], all_members: bool = False) -> Group:
         header.append("  ")
         header.append(*head)
     if view.get("unanswered"):
-        header.append(f"  (asked {view['queried']}: {len(view['unanswered'])} before it did not answer)", "yellow")
+        header.append(f"  ({', '.join(view['unanswered'])} did not answer; asked {view['queried']})", "yellow")
     if view.get("waiting"):
         header.append(f"  NO PRIMARY: waiting ({view['waiting']})", "bold red")
     t = Table(show_lines=False)
@@ -282,7 +282,7 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: s
         raise click.UsageError("--broker needs host:port")
     known: list[str] = []  # the brokers URL of the last answer: where to turn when the asked broker goes away
     while True:
-        view, errors = None, []
+        view, errors, silent = None, [], []
         for url in [*asked, *(a for a in known if a not in asked)] if not zk_hosts else [zk_hosts]:
             try:
                 view = (collect_zk(zk_hosts, zk_path, timeout) if zk_hosts
@@ -290,6 +290,7 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: s
                 break
             except ManagementError as e:
                 errors.append(str(e))
+                silent.append(url)
         if view is None:
             click.echo(f"ha-status: {errors[0]}" if len(errors) == 1 else
                        f"ha-status: no broker answers ({'; '.join(errors)})", err=True)
@@ -297,8 +298,8 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: s
                 sys.exit(1)
         else:
             known = _addresses(view.get("brokers_url"))
-            if errors:
-                view["unanswered"] = errors
+            if silent:
+                view["unanswered"] = silent
             if fmt == "json":
                 click.echo(json.dumps(view, sort_keys=True))
             else:
