@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from broker.log import get_logger
 from ha.coordination.base import Callbacks, ClusterView, Coordinator, MemberRecord
-from ha.coordination.election import Action, Decision, decide
+from ha.coordination.election import Action, Decision, Reason, decide
 from ha.coordination.zookeeper import ZooKeeperCoordinator
 from ha.core.states import HaState
 
@@ -56,7 +56,8 @@ class CoordinatedRole:
 
     def record(self) -> MemberRecord:
         n = self.node
-        return MemberRecord(n.server.id, n.address, n.state.role.value, n.state.value, n.epoch, n.position())
+        return MemberRecord(n.server.id, n.address, n.state.role.value, n.state.value, n.epoch, n.position(),
+                            ready_epoch=n.ready_epoch)
 
     def publish(self) -> None:
         self.coord.publish(self.record())
@@ -98,7 +99,8 @@ class CoordinatedRole:
     def _promote(self, epoch: int) -> None:
         if self.node.primary is not None:
             return
-        ok, text = self.node.promote(forced=self.forced, epoch=epoch)
+        newest_store = self.last is not None and self.last.reason == Reason.NEWEST_STORE
+        ok, text = self.node.promote(forced=self.forced, epoch=epoch, newest_store=newest_store)
         if not ok:
             log.error("ha.coordinator.promote_refused", epoch=epoch, description=text)
             self.coord.withdraw()

@@ -168,10 +168,14 @@ class HaNode(Extension):
         self.backup = Backup(self)
         self.backup.start()
 
-    def promote(self, forced: bool = False, epoch: int | None = None) -> tuple[bool, str]:
+    def promote(self, forced: bool = False, epoch: int | None = None,
+                newest_store: bool = False) -> tuple[bool, str]:
+        """`newest_store`: elected after a whole-cluster outage because this broker's journal holds everything
+        confirmed in the cluster's newest epoch (`ha.coordination.election.restarted_with_newest_store`)."""
         if self.state.role.value == "primary":
             return True, f"already primary ({self.state.value})"
-        if self.state != HaState.READY and not forced and not self._brand_new():
+        restarted = newest_store and self.state == HaState.JOINING and self.ready_epoch > 0
+        if self.state != HaState.READY and not forced and not restarted and not self._brand_new():
             return False, (f"refusing to promote a backup in state {self.state.value}: it may lack acknowledged "
                            "messages (use --force for disaster recovery)")
         from_state = self.state
@@ -183,7 +187,8 @@ class HaNode(Extension):
             self.backup.stop()
             self.backup = None
         self.adopt_epoch(new_epoch)
-        self.set_state(HaState.RECOVERING, "promoted", forced=forced or from_state != HaState.READY)
+        self.set_state(HaState.RECOVERING, "promoted with the newest store" if restarted else "promoted",
+                       forced=forced or from_state != HaState.READY)
         log.warning("ha.promoted", epoch=self.epoch, from_state=from_state.value, forced=forced,
                     expected_backups=expected)
         for q in self.server.wiring.queues.values():

@@ -84,6 +84,7 @@ class MemberRecord:
     epoch: int = 0
     position: int = 0
     updated_ts: float = field(default_factory=time.time)
+    ready_epoch: int = 0  # the newest epoch it was primary or ready in (journaled: survives a restart)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -100,6 +101,7 @@ class MemberRecord:
                 epoch=int(raw.get("epoch", 0)),
                 position=int(raw.get("position", 0)),
                 updated_ts=float(raw.get("updated_ts", 0.0)),
+                ready_epoch=int(raw.get("ready_epoch", 0)),
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise CoordinatorError(f"unreadable member record: {exc}") from exc
@@ -120,6 +122,8 @@ class ClusterView:
     members: tuple[MemberRecord, ...] = ()  # sorted by name
     candidates: tuple[str, ...] = ()  # names currently contending, sorted
     ready_set: frozenset[str] | None = None  # backups the latest leader counted as ready; None = never published
+    ready_leader: str | None = None  # the leader that published the ready set (it was primary in ready_epoch)
+    ready_epoch: int = 0  # the epoch the ready set was published in
     i_am_leader: bool = False
     session: Session = Session.CONNECTED
     reason: WaitReason | None = None  # set while leaderless

@@ -7,6 +7,11 @@ Rules:
 
 - Only *ready* backups contend.  When the cluster is brand new (no election ever happened at this path, and no
   member - including me - has an epoch or any data) every broker contends, so three fresh brokers form a cluster.
+- After an outage of the whole cluster (no leader; brokers back with their journals, none ready yet), a broker
+  contends when its journal says it was the last leader or one of its ready backups in the cluster's newest epoch
+  (its `ready_epoch` is the cluster epoch, and the ready set of that epoch names it or its leader was it): it holds
+  every message confirmed in that epoch. Anyone else waits: a broker with an older store is never promoted over a
+  newer one; if every broker with the newest store stays down, an operator decides (`ha-admin promote --force`).
 - Among candidates, the one with the newest data (epoch, position) takes leadership; ties go to the smallest
   name (`ha.core.epoch.best_candidate`, the same rule the Pacemaker agent uses).  If the last leader published a ready set, only candidates in it may win: a backup the primary dropped
   may still say "ready" about itself but holds stale data.
@@ -45,6 +50,7 @@ class Reason(StrEnum):
     OTHER_LEADER = "other_leader"
     HIGHER_EPOCH = "higher_epoch"
     NEW_CLUSTER = "new_cluster"
+    NEWEST_STORE = "newest_store"  # restarted after a whole-cluster outage with the newest journal
     READY = "ready"
     NOT_READY = "not_ready"
     FORCED = "forced"
@@ -65,9 +71,20 @@ def cluster_is_new(view: ClusterView, me: MemberRecord) -> bool:
     return untouched and (view.epoch == 0 or (view.i_am_leader and view.epoch == 1))
 
 
+def restarted_with_newest_store(me: MemberRecord, view: ClusterView) -> bool:
+    """The whole cluster went down and this broker's journal holds everything confirmed in the newest epoch (when it
+    has just won the election on that ground, the newest epoch before its own)."""
+    won = view.i_am_leader and view.leader == me.name
+    if view.leader is not None and not won:
+        return False
+    newest = view.epoch - 1 if won else view.epoch
+    return (me.ready_epoch > 0 and me.ready_epoch == newest and view.ready_epoch == newest
+            and (me.name == view.ready_leader or (view.ready_set is not None and me.name in view.ready_set)))
+
+
 def eligible(me: MemberRecord, view: ClusterView) -> bool:
     """May this broker be a candidate?"""
-    return me.state in CONTENDING_STATES or cluster_is_new(view, me)
+    return me.state in CONTENDING_STATES or cluster_is_new(view, me) or restarted_with_newest_store(me, view)
 
 
 def decide(me: MemberRecord, view: ClusterView, forced: bool = False) -> Decision:
@@ -84,7 +101,12 @@ def decide(me: MemberRecord, view: ClusterView, forced: bool = False) -> Decisio
         return Decision(Action.PROMOTE, Reason.ELECTED, view.epoch)
     if forced:
         return Decision(Action.CONTEND, Reason.FORCED, view.epoch)
-    reason = Reason.READY if me.state in CONTENDING_STATES else Reason.NEW_CLUSTER
+    if me.state in CONTENDING_STATES:
+        reason = Reason.READY
+    elif cluster_is_new(view, me):
+        reason = Reason.NEW_CLUSTER
+    else:
+        reason = Reason.NEWEST_STORE
     return Decision(Action.CONTEND, reason, view.epoch)
 
 
@@ -101,7 +123,7 @@ def _decide_primary(me: MemberRecord, view: ClusterView) -> Decision:
 
 
 def _in_ready_set(name: str, view: ClusterView) -> bool:
-    return view.ready_set is None or name in view.ready_set
+    return view.ready_set is None or name in view.ready_set or name == view.ready_leader
 
 
 def should_attempt(name: str, view: ClusterView, force: bool = False) -> bool:

@@ -33,6 +33,8 @@ class MemoryStore:
         self.epoch = 0
         self.leader: str | None = None
         self.ready_set: frozenset[str] | None = None
+        self.ready_leader: str | None = None
+        self.ready_epoch = 0
         self.elections = 0
         self._coordinators: dict[str, MemoryCoordinator] = {}
         self._busy = False
@@ -108,6 +110,8 @@ class MemoryStore:
             members=members,
             candidates=candidates,
             ready_set=self.ready_set,
+            ready_leader=self.ready_leader,
+            ready_epoch=self.ready_epoch,
             i_am_leader=self.leader == me.name and me.session is not Session.LOST,
             session=me.session,
         )
@@ -227,6 +231,8 @@ class MemoryCoordinator(Coordinator):
         if not self.holds_lease():
             raise CoordinatorError(f"{self.name} does not lead; it cannot publish the ready set")
         self.store.ready_set = frozenset(names)
+        self.store.ready_leader = self.name
+        self.store.ready_epoch = self.store.epoch
         if on_published is not None:
             self._pending.append(on_published)
         self.store.reconcile()

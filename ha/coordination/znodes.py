@@ -109,6 +109,8 @@ class Snapshot:
     members: tuple[MemberRecord, ...]
     candidates: tuple[str, ...]
     ready_set: frozenset[str] | None
+    ready_leader: str | None = None  # the leader that published the ready set
+    ready_epoch: int = 0  # the epoch it published it in
 
 
 def leader_data(name: str, address: str, epoch: int) -> bytes:
@@ -162,11 +164,16 @@ def read_snapshot(client: TimedOps, layout: Layout, watch: Watch = None) -> Snap
         members.append(MemberRecord.from_json(data))
     candidates = tuple(sorted(_children(client, layout.candidates, watch)))
     ready_set: frozenset[str] | None = None
+    ready_leader: str | None = None
+    ready_epoch = 0
     if client.exists(layout.ready, watch=watch) is not None:
         try:
             data, _ = client.get(layout.ready, watch=watch)
             if data:
-                ready_set = frozenset(str(n) for n in _json(data, "ready")["names"])
+                doc = _json(data, "ready")
+                ready_set = frozenset(str(n) for n in doc["names"])
+                ready_leader = str(doc["leader"]) if doc.get("leader") else None
+                ready_epoch = int(doc.get("epoch", 0) or 0)
         except NoNodeError:
             pass
     return Snapshot(
@@ -177,6 +184,8 @@ def read_snapshot(client: TimedOps, layout: Layout, watch: Watch = None) -> Snap
         members=tuple(sorted(members, key=lambda m: m.name)),
         candidates=candidates,
         ready_set=ready_set,
+        ready_leader=ready_leader,
+        ready_epoch=ready_epoch,
     )
 
 

@@ -101,6 +101,8 @@ def build_view(layout: Layout, snap: Snapshot, *, i_am_leader: bool = False,
         members=snap.members,
         candidates=snap.candidates,
         ready_set=snap.ready_set,
+        ready_leader=snap.ready_leader,
+        ready_epoch=snap.ready_epoch,
         i_am_leader=i_am_leader,
         session=session,
     )

@@ -91,7 +91,9 @@ TRANSITIONS: Mapping[tuple[HaState, HaState], Transition] = MappingProxyType(
         ),
         (S.JOINING, S.RECOVERING): Transition(
             Trigger.FORCE_PROMOTE,
-            "forced promotion of a backup that is not ready (disaster recovery; acknowledged messages may be lost)",
+            "forced promotion of a backup that is not ready (disaster recovery; acknowledged messages may be lost). "
+            "Taken without --force only by a brand-new cluster's first primary and by the broker elected with the "
+            "newest journal after a whole-cluster outage (docs/durability.md)",
             forced=True,
         ),
         (S.CATCHUP, S.RECOVERING): Transition(

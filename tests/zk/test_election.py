@@ -235,3 +235,48 @@ def test_next_epoch_is_above_counter_and_every_member() -> None:
     assert next_epoch(0, ()) == 1
     assert next_epoch(4, (replace(ME, epoch=9),)) == 10
     assert next_epoch(12, (replace(ME, epoch=9),)) == 13
+
+
+# -- restart after a whole-cluster outage (brokers back with their journals) -----------------------------------------
+
+
+def _restarted_view(**over: object) -> ClusterView:
+    base = ClusterView(cluster="c", path="/c", leader=None, epoch=3, ready_set=frozenset({"b2"}),
+                       ready_leader="b1", ready_epoch=3)
+    return replace(base, **over)  # type: ignore[arg-type]
+
+
+def _joining(name: str, ready_epoch: int, position: int = 100) -> MemberRecord:
+    return MemberRecord(name, f"h{name}:5672", "backup", "joining", epoch=3, position=position,
+                        ready_epoch=ready_epoch)
+
+
+@pytest.mark.parametrize(
+    ("name", "ready_epoch", "view_changes", "action"),
+    [
+        ("b1", 3, {}, Action.CONTEND),  # the last leader, back with its journal
+        ("b2", 3, {}, Action.CONTEND),  # a ready backup of it
+        ("b3", 3, {}, Action.WITHDRAW),  # ready once in epoch 3, then dropped: not in the ready set
+        ("b2", 2, {}, Action.WITHDRAW),  # its store is from an older epoch
+        ("b2", 3, {"ready_epoch": 2}, Action.WITHDRAW),  # the ready set is older than the epoch: unknown
+        ("b2", 3, {"leader": "b1"}, Action.WITHDRAW),  # someone leads: nothing to restart
+    ],
+)
+def test_after_a_whole_cluster_outage_only_the_newest_stores_contend(
+    name: str, ready_epoch: int, view_changes: dict[str, object], action: Action
+) -> None:
+    d = decide(_joining(name, ready_epoch), _restarted_view(**view_changes))
+    assert d.action is action
+    if action is Action.CONTEND:
+        assert d.reason is Reason.NEWEST_STORE
+
+
+def test_the_last_leader_may_win_the_restart_though_it_is_not_in_its_own_ready_set() -> None:
+    view = _restarted_view(members=(_joining("b1", 3, position=120), _joining("b2", 3, position=100)),
+                           candidates=("b1", "b2"))
+    assert should_attempt("b1", view) and not should_attempt("b2", view)
+
+
+def test_having_won_the_restart_it_promotes() -> None:
+    view = _restarted_view(leader="b2", epoch=4, i_am_leader=True)
+    assert decide(_joining("b2", 3), view).action is Action.PROMOTE
