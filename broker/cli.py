@@ -40,6 +40,8 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--auto-create-queues/--no-auto-create-queues", {"default": None, "help": "create queues on attach"}),
     ("--journal/--no-journal", {"default": None, "help": "journal durable queues and messages under --data-dir [on]"}),
     ("--journal-segment-bytes", {"type": int, "help": "size at which the journal starts a new segment [64 MiB]"}),
+    ("--max-memory", {"help": "memory queued messages may take (bytes, or 512M, 2G); beyond it durable queues page to "
+                              "disk and what cannot is refused [no bound]"}),
     ("--max-message-size", {"type": int, "help": "largest accepted message in bytes [10 MiB]"}),
     ("--sasl-mechanisms", {"help": "space or comma separated: ANONYMOUS PLAIN"}),
     ("--users-file", {"type": click.Path(path_type=Path), "help": "TOML users file for PLAIN (see docs)"}),

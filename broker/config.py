@@ -49,6 +49,23 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), p
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """`1048576`, `512M`, `2G`, `1.5GiB` -> bytes (binary units); ValueError with the reason."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    number = t[: len(t) - len(unit)].strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (bytes, or a number with K, M, G or T)") from None
+    if value < 0:
+        raise ValueError(f"{text!r}: a size cannot be negative")
+    return int(value * _UNITS[unit])
+
+
 class BrokerConfig(BaseModel):
     """All settings of one `ha-broker` process."""
 
@@ -65,7 +82,9 @@ class BrokerConfig(BaseModel):
     auto_create_queues: bool = False
     # The durable store: a journal under --data-dir for durable queues and messages (off: everything in memory).
     journal: bool = True
-    journal_segment_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    journal_segment_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024, le=1 << 31)
+    # Flow to disk: bytes queued messages may take in memory (0 = no bound). See broker/memory.py.
+    max_memory: int = Field(0, ge=0)
     max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024)
     sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN")
     users_file: Path | None = None
@@ -90,6 +109,11 @@ class BrokerConfig(BaseModel):
     zk_hosts: str | None = None
     zk_path: str = "/understudy/default"
     zk_session_timeout: float = Field(6.0, gt=0, le=600)
+
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v) if isinstance(v, str) else v
 
     @field_validator("log_level")
     @classmethod

@@ -19,6 +19,7 @@ Misuse of the API by our own code is not a `BrokerError`: it raises `ValueError`
     │   ├── MalformedMessage        amqp:decode-error
     │   ├── QueueFull               amqp:resource-limit-exceeded
     │   ├── JournalRefusal          amqp:resource-limit-exceeded (the journal cannot write)
+    │   ├── MemoryRefusal           amqp:resource-limit-exceeded (over --max-memory, cannot page to disk)
     │   └── NoRoute                 amqp:not-found / amqp:precondition-failed
     └── ProtocolError               a replication peer broke the protocol (amqp:decode-error); the link is closed
         └── BatchError              a malformed replication batch
@@ -105,6 +106,16 @@ class QueueFull(MessageRefused):
 
 class JournalRefusal(MessageRefused):
     """A durable message for a durable queue while the journal cannot write (disk full, I/O error)."""
+
+    condition = "amqp:resource-limit-exceeded"
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+
+
+class MemoryRefusal(MessageRefused):
+    """Queued messages are over --max-memory and this message cannot be paged to disk (not durable, or a queue
+    that cannot page)."""
 
     condition = "amqp:resource-limit-exceeded"
 

@@ -329,11 +329,9 @@ class BrokerOperations:
         q = self._queue(req.name)
         self._body(req, ())
         self._writable(q)
-        gone = [e for e in map(q.get, list(q.positions())) if e is not None and e.state == AVAILABLE]
-        for e in gone:
-            q.dequeue(e, DequeueReason.PURGED)
-        log.info("queue.purged", queue=q.name, count=len(gone), user=req.user)
-        return Response(200, f"purged {len(gone)} messages from {q.name}", {"purged": len(gone), "depth": q.depth})
+        n = q.purge(acquired=False)
+        log.info("queue.purged", queue=q.name, count=n, user=req.user)
+        return Response(200, f"purged {n} messages from {q.name}", {"purged": n, "depth": q.depth})
 
     def move(self, req: Request) -> Response:
         """Move the oldest `count` available messages (all without a count) to the queue `destination`, each keeping
@@ -350,13 +348,15 @@ class BrokerOperations:
             raise InvalidRequest(f"source and destination are the same queue {src.name!r}")
         self._writable(src)
         self._writable(dst)
-        taken = []
-        for pos in src.positions():
+        wanted = []
+        for pos in src.positions_after(0):  # paged messages too (read back below)
             e = src.get(pos)
-            if e is not None and e.state == AVAILABLE:
-                taken.append(e)
-                if count is not None and len(taken) == count:
+            if e is None or e.state == AVAILABLE:
+                wanted.append(pos)
+                if count is not None and len(wanted) == count:
                     break
+        found = src.read(wanted)
+        taken = [found[p] for p in wanted if p in found]
         room = _room(dst, len(taken), sum(e.size for e in taken))
         if room is not None:
             raise Conflict(f"destination queue {dst.name!r} has no room for {len(taken)} messages: {room}")
@@ -366,7 +366,10 @@ class BrokerOperations:
             meta = decode(data, trusted=True)
             props = current_properties() if lvq is not None else None
             dst.enqueue(data, meta.priority, e.expires, meta.durable, (props or {}).get(lvq) if lvq else None)
-            src.dequeue(e, DequeueReason.PURGED)  # gone from this queue by an operator's hand
+            if src.get(e.position) is e:
+                src.dequeue(e, DequeueReason.PURGED)  # gone from this queue by an operator's hand
+            else:  # read back from disk
+                src.dequeue_positions([e.position], DequeueReason.PURGED)
         if taken:
             self.server.wake_queue(dst)
         log.info("queue.moved", queue=src.name, destination=dst.name, count=len(taken), user=req.user)

@@ -12,12 +12,17 @@ Layout (lean: about 200 bytes per queued message besides its payload, see docs/p
 - `_extra`: the rare entries that fit neither end (a backup filling a gap), in a sorted list;
 - per priority level, the available entries in position order: a deque fed like the spine, plus a heap for entries
   that came back (released) or arrived out of order. Stale references (acquired or dead entries) are skipped
-  lazily when they reach the front.
+  lazily when they reach the front;
+- `paged` (flow to disk, durable queues only): the messages that are on disk only, 20 bytes each
+  (`broker.paging.PageIndex`). They are always the highest positions of the queue: while a queue has paged
+  messages, a new message is *parked* (in `entries`, not yet available) and paged out at the end of the pass, and
+  paged messages come back (`load`) at the top of what is in memory. The durable store decides when (broker.memory).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 import uuid as uuidlib
 from bisect import bisect_right
@@ -31,8 +36,9 @@ from sortedcontainers import SortedKeyList
 
 from broker.errors import QueueFull
 from broker.options import QueueOptions
+from broker.paging import Paged, PageIndex
 
-__all__ = ["ACQUIRED", "AVAILABLE", "DEAD", "DequeueReason", "Entry", "Queue", "QueueFull", "QueueObserver"]
+__all__ = ["ACQUIRED", "AVAILABLE", "DEAD", "PAGED", "DequeueReason", "Entry", "Queue", "QueueFull", "QueueObserver"]
 
 
 class DequeueReason(Enum):
@@ -49,10 +55,12 @@ class DequeueReason(Enum):
 AVAILABLE = 0
 ACQUIRED = 1
 DEAD = 2  # dequeued; a stale reference may still sit in the spine or an availability list
+PAGED = 3  # written out (flow to disk): this object is a stale copy; the message is in `Queue.paged`
 
 REDELIVERED = 1  # Entry.flags
 DURABLE = 2
 EXTRA = 4  # the entry is in the queue's sorted extra list, not the spine
+PARKED = 8  # enqueued above paged messages: in `entries`, not available, paged out at the end of the pass
 
 _EMPTY = b""
 _position = attrgetter("position")
@@ -73,7 +81,7 @@ class Entry:
         self.key = key  # last-value key (LVQ queues only)
         self.state = AVAILABLE
         self.count = 0  # delivery count (failed deliveries)
-        self.seg = 0  # journal segment holding it (0: not journaled)
+        self.seg = 0  # where the journal holds it: segment << 32 | offset of its record (0: not journaled)
 
     @property
     def delivery_count(self) -> int:
@@ -98,6 +106,22 @@ class Entry:
 def _plain(o: QueueOptions) -> bool:
     return (o.max_count is None and o.max_size is None and o.lvq_key is None and o.default_ttl is None
             and o.priority_levels == 1)
+
+
+def _pageable(o: QueueOptions) -> bool:
+    """Can its messages be paged out (flow to disk)? Durable FIFO queues without limits or last-value keys."""
+    return (o.durable and o.max_count is None and o.max_size is None and o.lvq_key is None
+            and o.priority_levels == 1)
+
+
+def _merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _runs(ps: list[int]) -> list[tuple[int, int]]:
@@ -125,6 +149,12 @@ class QueueObserver(Protocol):
     def acquired(self, queue: Queue, entry: Entry) -> None: ...
     def released(self, queue: Queue, entry: Entry) -> None: ...
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None: ...
+
+
+class Pager(Protocol):
+    """Reads paged messages back from disk (the durable store)."""
+
+    def read(self, queue: Queue, paged: list[Paged]) -> list[Entry]: ...
 
 
 class QueueStats:
@@ -172,17 +202,26 @@ class Queue:
         # Backups lock replicated queues: nothing is dispatched locally until promoted.
         self.locked = False
         self.plain = _plain(options)  # no limits, last-value key, default TTL or priorities: the fast enqueue
+        self.pageable = _pageable(options)
+        self.paged: PageIndex | None = None  # on disk only (flow to disk): above every message in memory
+        self.parked: list[Entry] = []  # enqueued above the paged ones during this pass
+        self.pager: Pager | None = None  # reads paged messages back (set by the durable store)
 
     # ----- inspection -------------------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.entries)
+        return self.depth
 
     def __bool__(self) -> bool:
         return True  # a queue is a queue even when empty (never `q or ...`)
 
     @property
     def depth(self) -> int:
-        return len(self.entries)
+        paged = self.paged
+        return len(self.entries) + paged.count if paged is not None else len(self.entries)
+
+    @property
+    def paged_count(self) -> int:
+        return self.paged.count if self.paged is not None else 0
 
     @property
     def acquired_count(self) -> int:
@@ -208,18 +247,18 @@ class Queue:
         spine = self._spine
         live = [e.position for e in spine[self._head:] if e.state != DEAD]
         ranges = _runs(live)
-        if self._extra:
-            merged = sorted(ranges + [(e.position, e.position) for e in self._extra])
-            ranges = []
-            for lo, hi in merged:
-                if ranges and lo <= ranges[-1][1] + 1:
-                    ranges[-1] = (ranges[-1][0], max(hi, ranges[-1][1]))
-                else:
-                    ranges.append((lo, hi))
+        if self._extra or self.paged is not None or self.parked:
+            more = [(e.position, e.position) for e in self._extra] if self._extra else []
+            if self.paged is not None:
+                more += self.paged.ranges()
+            more += [(e.position, e.position) for e in self.parked if e.state != DEAD]
+            ranges = _merge_ranges(ranges + more)
         return ranges
 
     def positions_after(self, after: int) -> Iterator[int]:
-        """Positions greater than `after`, in order."""
+        """Positions greater than `after`, in order (paged ones included: they are above those in memory)."""
+        if self.paged is not None:
+            return itertools.chain((e.position for e in self._ordered(after)), self.paged.positions_after(after))
         return (e.position for e in self._ordered(after))
 
     def next_after(self, after: int) -> int | None:
@@ -227,6 +266,29 @@ class Queue:
 
     def get(self, position: int) -> Entry | None:
         return self.entries.get(position)
+
+    def holds(self, position: int) -> bool:
+        """Is this position on the queue (in memory or paged)?"""
+        return position in self.entries or (self.paged is not None and position in self.paged)
+
+    def read(self, positions: Iterable[int]) -> dict[int, Entry]:
+        """The messages at `positions` that are on the queue, paged ones read back from disk (as copies that are
+        not on the queue)."""
+        out: dict[int, Entry] = {}
+        wanted: list[Paged] = []
+        entries, paged = self.entries, self.paged
+        for pos in positions:
+            e = entries.get(pos)
+            if e is not None:
+                out[pos] = e
+            elif paged is not None:
+                p = paged.find(pos)
+                if p is not None:
+                    wanted.append(p)
+        if wanted and self.pager is not None:
+            for e in self.pager.read(self, wanted):
+                out[e.position] = e
+        return out
 
     def has_available(self) -> bool:
         return not self.locked and self._available > 0
@@ -293,7 +355,10 @@ class Queue:
             expires = (time.time() if now is None else now) + opts.default_ttl
         level = 0 if self._levels == 1 else self.level_of(priority)
         entry = Entry(position, data, level, expires, DURABLE if durable else 0, key)
-        self._insert(entry)
+        if self.paged is not None:
+            self._park(entry)
+        else:
+            self._insert(entry)
         if expires is not None:
             self._expiring += 1
         self.bytes += len(data)
@@ -317,7 +382,11 @@ class Queue:
             raise ValueError(f"position {position} already on queue {self.name}")
         entry = Entry(position, data, min(level, self._levels - 1), expires or None, flags & (REDELIVERED | DURABLE))
         entry.count = count
-        self._insert(entry)
+        paged = self.paged
+        if paged is not None and position > paged._firsts[0]:
+            self._park(entry)
+        else:
+            self._insert(entry)
         if entry.expires is not None:
             self._expiring += 1
         self.bytes += len(data)
@@ -356,6 +425,24 @@ class Queue:
         entry.flags |= EXTRA
         self._extra.add(entry)
         heapq.heappush(self._back[entry.level], (position, entry))
+
+    def _park(self, entry: Entry) -> None:
+        """Above paged messages: kept aside (not available) until the end of the pass pages it out."""
+        self.entries[entry.position] = entry
+        if entry.position >= self.next_position:
+            self.next_position = entry.position + 1
+        entry.flags |= PARKED
+        self.parked.append(entry)
+
+    def _append(self, entry: Entry) -> None:
+        """At the back of what is in memory (the caller knows it is above every position there)."""
+        self.entries[entry.position] = entry
+        self._spine.append(entry)
+        self._avail[entry.level].append(entry)
+        self._available += 1
+        self.bytes += len(entry.data)
+        if entry.expires is not None:
+            self._expiring += 1
 
     def _first_live(self) -> Entry | None:
         self._trim()
@@ -486,7 +573,7 @@ class Queue:
         if self.entries.get(pos) is not entry:
             return
         del self.entries[pos]
-        if entry.state == AVAILABLE:
+        if entry.state == AVAILABLE and not entry.flags & PARKED:
             self._available -= 1
         entry.state = DEAD
         self.bytes -= len(entry.data)
@@ -497,6 +584,8 @@ class Queue:
             del self._lvq[entry.key]
         if entry.flags & EXTRA:
             self._extra.remove(entry)
+        elif entry.flags & PARKED:
+            pass  # page_parked skips it
         else:
             spine = self._spine
             if self._head < len(spine) and spine[self._head] is entry:
@@ -507,20 +596,145 @@ class Queue:
 
     def dequeue_positions(self, positions: Iterable[int], reason: DequeueReason) -> int:
         n = 0
-        entries = self.entries
+        entries, paged = self.entries, self.paged
         for pos in positions:
             e = entries.get(pos)
             if e is not None:
                 self.dequeue(e, reason)
                 n += 1
+            elif paged is not None:
+                n += self._dequeue_paged(paged.remove_range(pos, pos), reason)
+                paged = self.paged
         return n
 
     def dequeue_range(self, lo: int, hi: int, reason: DequeueReason) -> int:
         """Dequeue every message with a position in lo..hi (walking the range or the queue, whichever is shorter)."""
         entries = self.entries
+        n = 0
+        if self.paged is not None:
+            n = self._dequeue_paged(self.paged.remove_range(lo, hi), reason)
         if hi - lo + 1 <= len(entries):
-            return self.dequeue_positions(range(lo, hi + 1), reason)
-        return self.dequeue_positions([p for p in entries if lo <= p <= hi], reason)
+            return n + self.dequeue_positions(range(lo, hi + 1), reason)
+        return n + self.dequeue_positions([p for p in entries if lo <= p <= hi], reason)
+
+    def _dequeue_paged(self, gone: list[Paged], reason: DequeueReason) -> int:
+        """Paged messages dequeued without being read back: the observers see a copy without a body."""
+        if self.paged is not None and not self.paged:
+            self._unpage()
+        for pos, loc, _ in gone:
+            stub = Entry(pos, _EMPTY, 0, None, DURABLE)
+            stub.seg = loc
+            stub.state = PAGED
+            self.stats.dequeued += 1
+            for o in self.observers:
+                o.dequeued(self, stub, reason)
+        return len(gone)
+
+    def _unpage(self) -> None:
+        """Nothing paged any more: parked messages go back to memory (in order), the fast enqueue is back."""
+        self.paged = None
+        parked, self.parked = sorted(self.parked, key=_position), []
+        for e in parked:
+            if e.state == AVAILABLE:
+                e.flags &= ~PARKED
+                del self.entries[e.position]
+                self._append_parked(e)
+        self.plain = _plain(self.options)
+
+    def _append_parked(self, e: Entry) -> None:
+        self.bytes -= len(e.data)  # _append counts it again
+        if e.expires is not None:
+            self._expiring -= 1
+        self._append(e)
+
+    # ----- flow to disk -----------------------------------------------------------------------------------------
+    def page_parked(self) -> list[Entry]:
+        """Page out what was parked in this pass (journaled: `seg` set); returns them (now stale copies). A
+        parked message the journal could not write stays parked until it can."""
+        out: list[Entry] = []
+        paged = self.paged
+        if paged is None:
+            self._unpage()
+            return out
+        keep: list[Entry] = []
+        for e in self.parked:
+            if e.state != AVAILABLE:
+                continue
+            if not e.seg:
+                keep.append(e)
+                continue
+            del self.entries[e.position]
+            n = len(e.data)
+            self.bytes -= n
+            if e.expires is not None:
+                self._expiring -= 1
+            e.flags &= ~PARKED
+            e.state = PAGED
+            paged.add(e.position, e.seg, n)
+            out.append(e)
+        self.parked = keep
+        return out
+
+    def page_out(self, max_bytes: int, entry_cost: int) -> list[Entry]:
+        """Move the highest available messages in memory to the paged index (their records are in the journal),
+        about `max_bytes` of memory (`entry_cost` bytes a message besides its body), stopping at one that cannot
+        go (acquired, redelivered, not journaled). Returns them (now stale copies)."""
+        out: list[Entry] = []
+        if not self.pageable:
+            return out
+        paged = self.paged
+        if paged is None:
+            paged = self.paged = PageIndex()
+            self.plain = False
+        spine, avail, extra, entries = self._spine, self._avail[0], self._extra, self.entries
+        freed = 0
+        while freed < max_bytes:
+            while len(spine) > self._head and spine[-1].state == DEAD:
+                spine.pop()
+            top = spine[-1] if len(spine) > self._head else None
+            in_extra = False
+            if extra:
+                x = extra[-1]
+                if top is None or x.position > top.position:
+                    top, in_extra = x, True
+            if top is None or top.state != AVAILABLE or not top.seg or top.count or top.flags & REDELIVERED:
+                break
+            if in_extra:
+                extra.pop(-1)
+                top.flags &= ~EXTRA
+            else:
+                spine.pop()
+                while avail and avail[-1].state != AVAILABLE:
+                    avail.pop()
+                if avail and avail[-1] is top:
+                    avail.pop()
+            del entries[top.position]
+            n = len(top.data)
+            self._available -= 1
+            self.bytes -= n
+            if top.expires is not None:
+                self._expiring -= 1
+            top.state = PAGED
+            paged.add(top.position, top.seg, n)
+            out.append(top)
+            freed += n + entry_cost
+        if len(spine) <= self._head:
+            spine.clear()
+            self._head = 0
+        if not paged:
+            self._unpage()
+        return out
+
+    def next_paged(self, n: int, max_bytes: int) -> list[Paged]:
+        """Take the lowest paged messages off the index, to be read back and `load`ed."""
+        return self.paged.take_front(n, max_bytes) if self.paged is not None else []
+
+    def load(self, entries: list[Entry]) -> None:
+        """Paged messages read back (from `next_paged`, in order): at the top of what is in memory."""
+        for e in entries:
+            self._append(e)
+        if self.paged is not None and not self.paged:
+            self._unpage()
 
     def _expire(self, entry: Entry) -> None:
         self.stats.expired += 1
@@ -537,18 +751,25 @@ class Queue:
             self._expire(e)
         return len(expired)
 
-    def purge(self) -> list[Entry]:
-        gone = list(self._ordered())
+    def purge(self, acquired: bool = True) -> int:
+        """Drop every message (paged ones too; acquired ones unless `acquired` is False). Returns how many."""
+        gone = [e for e in itertools.chain(self._ordered(), self.parked)
+                if e.state == AVAILABLE or (acquired and e.state == ACQUIRED)]
         for e in gone:
             self.dequeue(e, DequeueReason.PURGED)
-        return gone
+        n = len(gone)
+        if self.paged is not None:
+            n += self._dequeue_paged(self.paged.remove_range(0, 1 << 63), DequeueReason.PURGED)
+        return n
 
     def drop_all(self) -> int:
         """Forget every message at once, without per-message observer calls (the queue is being deleted)."""
-        n = len(self.entries)
+        n = self.depth
         for e in self.entries.values():
             e.state = DEAD
         self.entries.clear()
+        self.paged = None
+        self.parked = []
         self._spine = []
         self._head = 0
         self._extra = None
@@ -578,4 +799,5 @@ class Queue:
             raise ValueError("priority-levels cannot change")
         self.arguments = arguments
         self.options = options
-        self.plain = _plain(options)
+        self.plain = _plain(options) and self.paged is None
+        self.pageable = _pageable(options)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from proton import Message
 
 from broker.engine import raw
-from broker.errors import JournalRefusal, NoRoute, QueueFull
+from broker.errors import JournalRefusal, MemoryRefusal, NoRoute, QueueFull
 from broker.links import Completion, PublisherLink
 from broker.message import current_properties, current_subject, current_to, decode
 from broker.queue import Entry, Queue
@@ -46,8 +46,8 @@ class Router:
             if not address:
                 raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
         q = self.queues.get(address)
-        if durable and self.store is not None and self.store.failed is not None:
-            self._refuse_durable(address, q)
+        if self.server.refusing:  # the journal cannot write, or memory is over --max-memory
+            self._refuse(address, q, durable)
         if q is not None and q.plain:  # the usual case: one queue, nothing to check
             routed = [(q, q.enqueue(data, priority, expires, durable))]
             if q in self.consumers:
@@ -66,14 +66,22 @@ class Router:
                     c.pending += 1
         c.release()
 
-    def _refuse_durable(self, address: str, q: Queue | None) -> None:
-        """The journal cannot write: a durable message for a durable queue is refused (nothing else is)."""
-        store = self.store
-        assert store is not None
+    def _refuse(self, address: str, q: Queue | None, durable: bool) -> None:
+        """While the journal cannot write, a durable message for a durable queue is refused; while memory is over
+        --max-memory, a message that cannot be paged to disk is (see broker.memory)."""
         targets = [q] if q is not None else (
             self.route_exchange(address, current_subject()) if address in self.wiring.exchanges else [])
-        if any(t.options.durable for t in targets):
+        store = self.store
+        if durable and store is not None and store.failed is not None and any(t.options.durable for t in targets):
             raise JournalRefusal(f"not taken: {store.failed}")
+        memory = self.server.memory
+        if memory is not None and memory.over:
+            for t in targets:
+                if not (durable and t.pageable and store is not None and store.failed is None):
+                    memory.refused += 1
+                    why = "the message is not durable" if not durable else f"queue {t.name} cannot page to disk"
+                    raise MemoryRefusal(f"not taken: queued messages are over --max-memory ({memory.limit} bytes) "
+                                        f"and {why}")
 
     def _route(self, address: str, q: Queue | None, data: bytes, priority: int, expires: float | None,
                durable: bool) -> list[tuple[Queue, Entry]]:

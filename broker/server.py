@@ -29,6 +29,7 @@ from broker.extension import Extension
 from broker.links import Completion, ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
+from broker.memory import MemoryBound
 from broker.queue import Queue
 from broker.router import Router
 from broker.store.store import Store
@@ -76,8 +77,14 @@ class Server:
         # comes before the HA layer's work, which may wait for it (a backup acknowledges what is on disk).
         self.store: Store | None = None
         if config.data_dir is not None and config.journal:
-            self.store = Store(self, config.data_dir / "journal", config.journal_segment_bytes)
+            self.store = Store(self, config.data_dir / "journal", config.journal_segment_bytes, config.max_memory)
             self.extensions.append(self.store)
+        # --max-memory: flow to disk and refusals beyond it (after the store's commit: it pages what was written).
+        self.memory: MemoryBound | None = None
+        if config.max_memory:
+            self.memory = MemoryBound(self, config.max_memory)
+            self.extensions.append(self.memory)
+        self.refusing = False  # the router checks each message (journal failed, or memory over the bound)
         self.attacher = Attacher(self)
         self.connections = Connections(self)
         self.router = Router(self)
@@ -243,6 +250,10 @@ class Server:
                 self.dirty.discard(q)
         for h in list(self.events_links):
             h.push(event)
+
+    def refresh_refusing(self) -> None:
+        self.refusing = (self.store is not None and self.store.failed is not None) or (
+            self.memory is not None and self.memory.over)
 
     def wake_queue(self, q: Queue) -> None:
         self.dirty.add(q)

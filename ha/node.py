@@ -328,9 +328,13 @@ class HaNode(Extension):
         if not isinstance(after, int) or after < 0:
             return Response(400, "after must be a non-negative position")
         positions, bodies = [], []
-        for pos in itertools.islice(q.positions_after(after), limit):
+        wanted = list(itertools.islice(q.positions_after(after), limit))
+        found = q.read(wanted)  # paged messages read back from disk
+        for pos in wanted:
+            if pos not in found:
+                continue
             m = Message()
-            m.decode(q.entries[pos].data)
+            m.decode(found[pos].data)
             positions.append(pos)
             bodies.append(m.body)
         more = bool(positions) and q.next_after(positions[-1]) is not None

@@ -116,7 +116,7 @@ class QueueReplicator:
                 q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc]
             else:
                 pos, level, flags, count, expires, body = r  # type: ignore[misc]
-                if pos not in entries:
+                if pos not in entries and (q.paged is None or pos not in q.paged):
                     q.enqueue_replica(pos, body, level, flags, count, expires)
                 applied.append(pos)
         if applied:
@@ -133,7 +133,7 @@ class QueueReplicator:
             if not rest.isdigit() or int(rest) < 1:
                 raise BatchError(f"bad replication tag {tag!r}")
             pos = int(rest)
-            if pos not in q.entries and not q.deleted:
+            if not q.holds(pos) and not q.deleted:
                 try:
                     meta = decode(data, trusted=True)
                 except MalformedMessage as e:

@@ -236,8 +236,8 @@ class ReplicatingSender(LinkHandler):
             top = nbytes = 0
             while live and room > 0:
                 e = live.popleft()
-                if e.state == DEAD:
-                    continue  # dequeued meanwhile: its dequeue range goes instead
+                if e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position)):
+                    continue  # dequeued meanwhile (paged out, read back and consumed): its dequeue range goes instead
                 if size >= limit:
                     w.size, w.count = size, count
                     self._send_live(w, top, nbytes)
@@ -278,6 +278,8 @@ class ReplicatingSender(LinkHandler):
         the bytes bound; what does not fit goes back to the plan. Returns the batch still open."""
         batch = self.qc.next_batch(n)
         entries = self.queue.entries
+        if self.queue.paged is not None:  # flow to disk: read what is paged back (a copy, for this batch only)
+            entries = self.queue.read(batch)
         sent = self.catchup_sent
         budget = self.catchup_max_bytes - self.catchup_bytes
         gone: list[int] = []
@@ -330,7 +332,7 @@ class ReplicatingSender(LinkHandler):
             room = self._live_room()
             while live and credit > 0 and room > 0:
                 e = live.popleft()
-                if e.state == DEAD:
+                if e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position)):
                     continue
                 d = raw.send_tagged(link, f"{P.TAG_LIVE}{e.position}".encode(), e.data)
                 if self.presettled:
@@ -342,8 +344,9 @@ class ReplicatingSender(LinkHandler):
                 room -= n
         n = min(credit, self._catchup_room())
         if n > 0:
-            entries = self.queue.entries
-            for pos in self.qc.next_batch(n):
+            batch = self.qc.next_batch(n)
+            entries = self.queue.read(batch) if self.queue.paged is not None else self.queue.entries
+            for pos in batch:
                 ce = entries.get(pos)
                 if ce is None:
                     self.qc.dequeued([pos])

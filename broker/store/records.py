@@ -48,6 +48,8 @@ KINDS = {ENQUEUE: "enqueue", DEQUEUE: "dequeue", QUEUE: "queue", UNQUEUE: "unque
          UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state"}
 
 _ENQ = struct.Struct(">IQBBId")  # queue, position, level, flags, count, expires (0 = none)
+ENQ_HEAD = _ENQ.size  # bytes of an ENQUEUE payload before the message
+ENQUEUE_OVERHEAD = FRAME.size + 1 + ENQ_HEAD  # bytes of an ENQUEUE record besides the message
 _DEQ = struct.Struct(">IQQ")
 _QID = struct.Struct(">I")
 _crc = zlib.crc32
@@ -109,6 +111,11 @@ class Record:
     kind: int
     payload: memoryview
     offset: int  # of the frame, in the buffer scanned
+
+    def enqueue_head(self) -> tuple[int, int, int, int, int, float | None]:
+        """An ENQUEUE record's fields without copying the message out."""
+        q, pos, level, flags, count, expires = _ENQ.unpack_from(self.payload)
+        return q, pos, level, flags, count, expires or None
 
     def enqueue(self) -> tuple[int, int, int, int, int, float | None, bytes]:
         q, pos, level, flags, count, expires = _ENQ.unpack_from(self.payload)
@@ -175,3 +182,18 @@ def _bad(off: int, n: int, end: int, reason: str) -> ScanEnd:
     # it means the damage is not at the end.
     torn = end >= n
     return ScanEnd(off, torn, not torn, reason)
+
+
+def read_enqueue(buf: bytes | memoryview, off: int, what: str) -> tuple[int, int, int, int, int, float | None, bytes]:
+    """The ENQUEUE record framed at `off` of `buf` (read back for a paged message); JournalError if it is not one
+    or fails its CRC (`what` says where, for the message)."""
+    view = memoryview(buf)
+    if off + FRAME.size > len(view):
+        raise JournalError(f"{what}: record beyond the end of what was read")
+    length, crc = FRAME.unpack_from(view, off)
+    end = off + FRAME.size + length
+    body = view[off + FRAME.size:end]
+    if end > len(view) or _crc(body) != crc or body[0] != ENQUEUE:
+        raise JournalError(f"{what}: not an intact enqueue record")
+    q, pos, level, flags, count, expires = _ENQ.unpack_from(body, 1)
+    return q, pos, level, flags, count, expires or None, bytes(body[1 + _ENQ.size:])

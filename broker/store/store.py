@@ -13,10 +13,17 @@ acknowledged it, which a backup does only once its own journal holds it: `when_s
 Segments: a new segment starts with a checkpoint of the wiring (queues with their next positions, exchanges,
 bindings, the HA standing), so a segment can be dropped once it is the oldest and none of its messages is still on
 a queue; the oldest segment with few live messages is compacted (its live messages written again at the end).
+
+Flow to disk (`--max-memory`, broker.memory decides when): a durable queue's highest messages are *paged out* -
+dropped from memory, their journal records kept (`Queue.paged`: 20 bytes a message) - and read back in order
+(`page_in`) when there is room or a consumer needs them. A message enqueued on a queue that has paged messages is
+journaled even if it is not durable (a *spill*: recovery skips it) so that it can be paged out behind them.
+Recovery itself stays under the bound: beyond it, messages are indexed, not read.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.queue import DURABLE, DequeueReason, Entry, Queue
+from broker.paging import PAGED_COST, Paged, PageIndex
+from broker.queue import DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
 from broker.store.journal import Journal, segment_name, segment_numbers
 from broker.wiring import WiringEvent
@@ -40,6 +48,10 @@ log = get_logger("broker.store")
 
 COMPACT_LIVE_FRACTION = 0.1  # the oldest segment is compacted when fewer of its messages than this are live
 PROBE_INTERVAL = 1.0  # seconds between attempts to write again after a failure
+ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (docs/performance.md: 243 measured)
+READ_SPAN = 4 * 1024 * 1024  # bytes read back at once for paged messages
+LOC_OFFSET = (1 << 32) - 1  # Entry.seg = segment << 32 | offset
+_FLAGS = REDELIVERED | DURABLE  # what a record keeps of Entry.flags
 
 
 @dataclass
@@ -54,6 +66,7 @@ class Recovered:
     bindings: int = 0
     cut: int = 0  # bytes of a torn tail cut off the last segment
     cut_reason: str = ""
+    paged: int = 0  # messages left on disk (recovery under --max-memory)
     seconds: float = 0.0
     state: dict[str, Any] = field(default_factory=dict)  # the last STATE record (HA standing)
 
@@ -64,47 +77,80 @@ class _Q:
 
     qid: int
     live: dict[int, int] = field(default_factory=dict)  # segment -> messages of this queue still on it
+    paged: dict[int, int] = field(default_factory=dict)  # segment -> of them, paged out (on disk only)
+
+
+def _count(counts: dict[int, int], segment: int, n: int) -> None:
+    left = counts.get(segment, 0) + n
+    if left:
+        counts[segment] = left
+    else:
+        counts.pop(segment, None)
+
+
+Message = tuple[int, int, int, float | None, bytes, int]  # level, flags, count, expires, data, location
 
 
 class Image:
-    """The journal replayed: durable wiring and messages, before any of it becomes broker objects (pure)."""
+    """The journal replayed: durable wiring and messages, before any of it becomes broker objects (pure). With a
+    `budget` (bytes), messages beyond it are only indexed (`paged`), not read."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int = 0) -> None:
         self.queues: dict[int, dict[str, Any]] = {}  # qid -> {name, uuid, arguments, next}
-        self.messages: dict[int, dict[int, tuple[int, int, int, float | None, bytes, int]]] = {}
+        self.messages: dict[int, dict[int, Message]] = {}
+        self.paged: dict[int, PageIndex] = {}
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.bindings: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.state: dict[str, Any] = {}
+        self.budget = budget
+        self.memory = 0  # bytes of the messages read (bodies and ENTRY_COST each)
 
     def apply(self, rec: R.Record, segment: int) -> None:
         kind = rec.kind
         if kind == R.ENQUEUE:
-            qid, pos, level, flags, count, expires, data = rec.enqueue()
+            qid, pos, level, flags, count, expires = rec.enqueue_head()
             msgs = self.messages.get(qid)
-            if msgs is not None:
-                msgs[pos] = (level, flags, count, expires, data, segment)
+            if msgs is None or not flags & DURABLE:  # a spill of a non-durable message: not kept over a restart
+                return
+            loc = segment << 32 | rec.offset
+            size = len(rec.payload) - R.ENQ_HEAD
+            old = msgs.pop(pos, None)  # written again (compaction): the later record stands
+            if old is not None:
+                self.memory -= len(old[4]) + ENTRY_COST
+            index = self.paged.get(qid)
+            if index is not None:
+                index.remove_range(pos, pos)
+            if self.budget and (index is not None or self.memory > self.budget):
+                if index is None:
+                    index = self.paged[qid] = PageIndex()
+                index.add(pos, loc, size)
+            else:
+                data = bytes(rec.payload[R.ENQ_HEAD:])
+                msgs[pos] = (level, flags, count, expires, data, loc)
+                self.memory += size + ENTRY_COST
         elif kind == R.DEQUEUE:
             qid, lo, hi = rec.dequeue()
             msgs = self.messages.get(qid)
             if msgs:
-                if hi - lo < len(msgs):
-                    for p in range(lo, hi + 1):
-                        msgs.pop(p, None)
-                else:
-                    for p in [p for p in msgs if lo <= p <= hi]:
-                        del msgs[p]
+                gone = [msgs.pop(p, None) for p in range(lo, hi + 1)] if hi - lo < len(msgs) else \
+                    [msgs.pop(p) for p in [p for p in msgs if lo <= p <= hi]]
+                self.memory -= sum(len(m[4]) + ENTRY_COST for m in gone if m is not None)
+            index = self.paged.get(qid)
+            if index is not None:
+                index.remove_range(lo, hi)
         elif kind == R.QUEUE:
             qid, doc = rec.queue()
-            old = self.queues.get(qid)
-            if old is not None and old.get("uuid") == doc.get("uuid"):
-                doc["next"] = max(int(doc.get("next", 1)), int(old.get("next", 1)))
+            before = self.queues.get(qid)
+            if before is not None and before.get("uuid") == doc.get("uuid"):
+                doc["next"] = max(int(doc.get("next", 1)), int(before.get("next", 1)))
             else:
+                self._forget(qid)
                 self.messages[qid] = {}
             self.queues[qid] = doc
         elif kind == R.UNQUEUE:
             qid = rec.qid()
             self.queues.pop(qid, None)
-            self.messages.pop(qid, None)
+            self._forget(qid)
         elif kind == R.EXCHANGE:
             doc = rec.document()
             self.exchanges[doc["name"]] = doc
@@ -119,12 +165,36 @@ class Image:
         elif kind == R.STATE:
             self.state = rec.document()
 
+    def _forget(self, qid: int) -> None:
+        msgs = self.messages.pop(qid, None)
+        if msgs:
+            self.memory -= sum(len(m[4]) + ENTRY_COST for m in msgs.values())
+        self.paged.pop(qid, None)
 
-def read_journal(directory: Path) -> tuple[Image, Recovered, list[int], int]:
-    """Replay every segment of `directory`. Returns the image, the report, the segment numbers and the valid size
-    of the last one (a torn tail beyond it is reported, not cut: the caller cuts when it writes again).
-    Raises JournalError for damage that is not a torn tail, or a newer format."""
-    image = Image()
+    def split(self, qid: int) -> tuple[list[tuple[int, Message]], PageIndex | None]:
+        """A queue's messages: those to keep in memory (in order) and the paged ones, every one of them above the
+        former (records written out of order - compaction, a backup's catch-up - are sorted out here)."""
+        msgs = self.messages.get(qid, {})
+        index = self.paged.get(qid)
+        if index is None or not index:
+            return sorted(msgs.items()), None
+        first = index.first()
+        assert first is not None
+        kept = []
+        for pos, m in sorted(msgs.items()):
+            if pos < first:
+                kept.append((pos, m))
+            else:
+                index.add(pos, m[5], len(m[4]))
+        return kept, index
+
+
+def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, list[int], int]:
+    """Replay every segment of `directory` (keeping about `budget` bytes of messages in memory, 0 = all). Returns
+    the image, the report, the segment numbers and the valid size of the last one (a torn tail beyond it is
+    reported, not cut: the caller cuts when it writes again). Raises JournalError for damage that is not a torn
+    tail, or a newer format."""
+    image = Image(budget)
     report = Recovered()
     numbers = segment_numbers(directory)
     last_size = 0
@@ -152,10 +222,12 @@ def read_journal(directory: Path) -> tuple[Image, Recovered, list[int], int]:
 
 
 class Store(Extension):
-    def __init__(self, server: Server, directory: Path, segment_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, server: Server, directory: Path, segment_bytes: int = 64 * 1024 * 1024,
+                 max_memory: int = 0) -> None:
         self.server = server
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.max_memory = max_memory
         self.journal = Journal(directory, segment_bytes)
         self.queues: dict[Queue, _Q] = {}
         self.next_qid = 1
@@ -169,13 +241,19 @@ class Store(Extension):
         self.state: dict[str, Any] = {}
         self.recovered = Recovered()
         self._probe: Any = None
+        self.journaled: list[Entry] = []  # entries whose records this pass appended (reset if the write fails)
+        self.parking: set[Queue] = set()  # queues that parked messages this pass
+        self.paging: set[Queue] = set()  # queues with paged messages
+        self.readers: dict[int, int] = {}  # segment -> fd open for reading paged messages back
+        self.paged_out = 0  # messages paged out since start (stats)
+        self.paged_in = 0
 
     # ----- start ---------------------------------------------------------------------------------------------------
     def recover(self) -> Recovered:
         """Rebuild durable wiring and messages from the journal (before the broker listens). Raises JournalError."""
         t0 = time.monotonic()
         self.directory.mkdir(parents=True, exist_ok=True)
-        image, report, numbers, last_size = read_journal(self.directory)
+        image, report, numbers, last_size = read_journal(self.directory, int(self.max_memory * 0.8))
         wiring = self.server.wiring
         for name, doc in image.exchanges.items():
             if name not in wiring.exchanges:
@@ -184,14 +262,23 @@ class Store(Extension):
         for qid, doc in sorted(image.queues.items()):
             q, _ = wiring.declare_queue(doc["name"], doc.get("arguments") or {}, uuid=doc.get("uuid"))
             state = self._track(q, qid)
-            msgs = image.messages.get(qid, {})
-            for pos in sorted(msgs):
-                level, flags, count, expires, data, seg = msgs[pos]
+            kept, index = image.split(qid)
+            for pos, (level, flags, count, expires, data, loc) in kept:
                 e = q.enqueue_replica(pos, data, level, flags, count, expires)
-                e.seg = seg
-                state.live[seg] = state.live.get(seg, 0) + 1
+                e.seg = loc
+                _count(state.live, loc >> 32, 1)
                 report.messages += 1
                 report.bytes += len(data)
+            if index is not None:
+                q.paged = index
+                q.plain = False
+                self.paging.add(q)
+                for _, loc, size in index.items():
+                    _count(state.live, loc >> 32, 1)
+                    _count(state.paged, loc >> 32, 1)
+                    report.bytes += size
+                report.messages += index.count
+                report.paged += index.count
             q.next_position = max(q.next_position, int(doc.get("next", 1)))
             self.next_qid = max(self.next_qid, qid + 1)
             report.queues += 1
@@ -233,6 +320,9 @@ class Store(Extension):
 
     def close(self) -> None:
         self.journal.close()
+        for fd in self.readers.values():
+            os.close(fd)
+        self.readers.clear()
 
     # ----- what is durable -----------------------------------------------------------------------------------------
     def _track(self, q: Queue, qid: int | None = None) -> _Q:
@@ -242,6 +332,7 @@ class Store(Extension):
                 qid = self.next_qid
                 self.next_qid += 1
             st = self.queues[q] = _Q(qid)
+            q.pager = self
         return st
 
     def _watch(self, q: Queue) -> Store | None:
@@ -260,6 +351,8 @@ class Store(Extension):
                 for dq, st in list(self.queues.items()):
                     if dq.name == ev.name and dq.deleted:
                         del self.queues[dq]
+                        self.paging.discard(dq)
+                        self.parking.discard(dq)
                         self.journal.append(R.unqueue(st.qid))
                         self.dequeues.pop(st.qid, None)
         elif ev.type == "exchange":
@@ -282,24 +375,30 @@ class Store(Extension):
         ex, q = w.exchanges.get(exchange), w.queues.get(queue)
         return ex is not None and q is not None and bool(ex.arguments.get("durable")) and q.options.durable
 
-    def record_state(self, epoch: int, role: str, state: str, ready_epoch: int = 0) -> None:
-        """The broker's HA standing, for ranking stores after a whole-cluster restart."""
-        self.state = {"epoch": epoch, "role": role, "state": state, "ready_epoch": ready_epoch,
+    def record_state(self, epoch: int, role: str, state: str, ready_epoch: int = 0, **more: Any) -> None:
+        """The broker's HA standing, for ranking stores after a whole-cluster restart (`more`: JSON values the HA
+        layer adds, e.g. the member list it last knew, ha.core.restart)."""
+        self.state = {"epoch": epoch, "role": role, "state": state, "ready_epoch": ready_epoch, **more,
                       "time": time.time()}
         self.journal.append(R.document(R.STATE, self.state))
 
     # ----- queues (observer of durable queues) ---------------------------------------------------------------------
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        if not entry.flags & DURABLE:
+        flags = entry.flags
+        if not flags & (DURABLE | PARKED):  # a parked message is spilled to disk even if it is not durable
             return
         st = self.queues.get(queue)
         if st is None:
             return
-        self.journal.append(R.enqueue(st.qid, entry.position, entry.level, entry.flags, entry.count, entry.expires,
-                                      entry.data))
-        seg = self.journal.segment
-        entry.seg = seg
+        j = self.journal
+        entry.seg = j.segment << 32 | (j.size + j.pending_bytes)
+        j.append(R.enqueue(st.qid, entry.position, entry.level, flags & _FLAGS, entry.count, entry.expires,
+                            entry.data))
+        self.journaled.append(entry)
+        seg = j.segment
         st.live[seg] = st.live.get(seg, 0) + 1
+        if flags & PARKED:
+            self.parking.add(queue)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
         pass
@@ -308,19 +407,22 @@ class Store(Extension):
         pass
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
-        seg = entry.seg
-        if not seg:
+        loc = entry.seg
+        if not loc:
             return
         st = self.queues.get(queue)
         if st is None:
             return
         self.dequeues.setdefault(st.qid, []).append(entry.position)
+        seg = loc >> 32
         st.live[seg] -= 1
+        if entry.state == PAGED:  # dequeued while on disk only
+            _count(st.paged, seg, -1)
 
     # ----- completions ---------------------------------------------------------------------------------------------
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
         for _, e in routed:
-            if e.seg:
+            if e.seg and e.flags & DURABLE:
                 self.waiting.append(completion)
                 return True
         return False
@@ -353,21 +455,32 @@ class Store(Extension):
                         lo = hi = p
                 self.journal.append(R.dequeue(qid, lo, hi))
         wrote = self._commit()
-        if self.journal.full():
-            self._roll()
+        if self.journal.full() and self.failed is None:
+            try:
+                self._roll()
+            except BrokerError as e:
+                self._fail(str(e), [])
             self._commit()
+        if self.parking:
+            parking, self.parking = self.parking, set()
+            for q in parking:
+                self._count_paged(q, q.page_parked())
+                if q.parked:
+                    self.parking.add(q)  # the journal could not write them: again once it can
         return wrote
 
     def _commit(self) -> bool:
         """Write what the pass journaled; True if anything was written (the server then goes round once more, so
         that whatever the rest of the pass journals is written in it too)."""
         waiting, after = self.waiting, self.after
+        journaled, self.journaled = self.journaled, []
         if not waiting and not after and not self.journal.pending:
             return False
         self.waiting, self.after = [], []
         try:
             ticket = self.journal.commit()
         except BrokerError as e:  # JournalFull / JournalError: nothing of it is on disk
+            self._unjournal(journaled)
             self._fail(str(e), waiting)
             for fn in after:
                 fn()
@@ -380,6 +493,15 @@ class Store(Extension):
             return False
         self.tickets.append((ticket, waiting, after))
         return True
+
+    def _unjournal(self, entries: list[Entry]) -> None:
+        """Their records were not written: they are not journaled (and a parked one waits for the journal)."""
+        for e in entries:
+            loc, e.seg = e.seg, 0
+            for q, st in self.queues.items():
+                if q.entries.get(e.position) is e:
+                    _count(st.live, loc >> 32, -1)
+                    break
 
     def _synced_thread(self, ticket: int) -> None:
         self.server.call_soon_threadsafe(lambda: self._synced(ticket))
@@ -415,6 +537,7 @@ class Store(Extension):
         if self.failed is None:
             log.error("journal.failed", description=reason, refused=len(completions))
         self.failed = reason
+        self.server.refresh_refusing()
         self.failures += 1
         if self._probe is None:
             self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
@@ -435,6 +558,11 @@ class Store(Extension):
             return
         log.warning("journal.writable", description=f"writes succeed again after: {self.failed}")
         self.failed = None
+        self.server.refresh_refusing()
+        for q in self.parking:  # parked while the journal could not write: journal them now
+            for p in q.parked:
+                if not p.seg:
+                    self.enqueued(q, p)
 
     # ----- segments ------------------------------------------------------------------------------------------------
     def _roll(self) -> None:
@@ -471,34 +599,138 @@ class Store(Extension):
             dead = self.segments.pop(0)
             for st in self.queues.values():
                 st.live.pop(dead, None)
+            fd = self.readers.pop(dead, None)
+            if fd is not None:
+                os.close(fd)
             self.journal.drop_segment(dead)
             log.info("journal.segment.dropped", segment=dead)
         if len(self.segments) > 2:
             oldest = self.segments[0]
             live = self.live(oldest)
             size = (self.directory / segment_name(oldest)).stat().st_size
-            if live and live * 200 < size * COMPACT_LIVE_FRACTION:  # ~200 bytes a record: few still live
+            paged = any(st.paged.get(oldest) for st in self.queues.values())
+            if live and not paged and live * 200 < size * COMPACT_LIVE_FRACTION:  # ~200 bytes a record: few live
                 self._compact(oldest)
 
     def _compact(self, segment: int) -> None:
         """Write the live messages of `segment` again at the end; the segment is then dead (dropped at the next
         roll)."""
-        moved = 0
         current = self.journal.segment
+        j = self.journal
+        moved: list[tuple[Entry, int]] = []
+        counts: list[tuple[_Q, int]] = []
         for q, st in self.queues.items():
             if not st.live.get(segment):
                 continue
             for e in q.entries.values():
-                if e.seg == segment:
-                    self.journal.append(R.enqueue(st.qid, e.position, e.level, e.flags, e.count, e.expires, e.data))
-                    e.seg = current
-                    moved += 1
-            st.live[current] = st.live.get(current, 0) + st.live.pop(segment)
-        log.info("journal.segment.compacted", segment=segment, moved=moved)
+                if e.seg >> 32 == segment:
+                    moved.append((e, e.seg))
+                    e.seg = current << 32 | (j.size + j.pending_bytes)
+                    j.append(R.enqueue(st.qid, e.position, e.level, e.flags & _FLAGS, e.count, e.expires, e.data))
+            n = st.live.pop(segment)
+            counts.append((st, n))
+            st.live[current] = st.live.get(current, 0) + n
+        try:
+            self.journal.commit()  # now: if it fails, the messages stay where they were
+        except BrokerError:
+            for e, loc in moved:
+                e.seg = loc
+            for st, n in counts:
+                _count(st.live, current, -n)
+                st.live[segment] = n
+            raise
+        log.info("journal.segment.compacted", segment=segment, moved=len(moved))
+
+    # ----- flow to disk --------------------------------------------------------------------------------------------
+    def _count_paged(self, q: Queue, out: list[Entry]) -> None:
+        if not out:
+            return
+        st = self.queues[q]
+        for e in out:
+            _count(st.paged, e.seg >> 32, 1)
+        self.paged_out += len(out)
+        self.paging.add(q)
+
+    def page_out(self, q: Queue, max_bytes: int) -> int:
+        """Page out about `max_bytes` of memory from the top of `q`; returns the bytes freed."""
+        out = q.page_out(max_bytes, ENTRY_COST)
+        self._count_paged(q, out)
+        return sum(len(e.data) for e in out) + len(out) * (ENTRY_COST - PAGED_COST)
+
+    def page_in(self, q: Queue, max_bytes: int, max_count: int = 10_000) -> int:
+        """Read back the lowest paged messages of `q` (about `max_bytes`); returns the bytes of memory taken."""
+        items = q.next_paged(max_count, max_bytes)
+        if not items:
+            if q.paged is None and not q.parked:
+                self.paging.discard(q)
+            return 0
+        entries = self.read(q, items)
+        st = self.queues.get(q)
+        if st is not None:
+            for e in entries:
+                _count(st.paged, e.seg >> 32, -1)
+        q.load(entries)
+        self.paged_in += len(entries)
+        if q.paged is None and not q.parked:
+            self.paging.discard(q)
+        self.server.wake_queue(q)
+        return sum(len(e.data) for e in entries) + len(entries) * (ENTRY_COST - PAGED_COST)
+
+    def read(self, queue: Queue, paged: list[Paged]) -> list[Entry]:
+        """Paged messages of `queue` read back from their records, as new entries (not on any queue), in the order
+        given; a record that cannot be read is logged and left out (its message is lost)."""
+        st = self.queues.get(queue)
+        if st is None:
+            return []
+        out: list[Entry] = []
+        i, n = 0, len(paged)
+        while i < n:
+            seg, start = paged[i][1] >> 32, paged[i][1] & LOC_OFFSET
+            j = i + 1
+            while j < n:  # one read for the records that follow each other in the same segment
+                loc = paged[j][1]
+                if loc >> 32 != seg or loc <= paged[j - 1][1] or (loc & LOC_OFFSET) - start > READ_SPAN:
+                    break
+                j += 1
+            last = paged[j - 1]
+            end = (last[1] & LOC_OFFSET) + R.ENQUEUE_OVERHEAD + last[2]
+            try:
+                buf = os.pread(self._reader(seg), end - start, start)
+            except OSError as err:
+                self._lost(queue, paged[i:j], f"segment {seg}: {err.strerror or err}")
+                i = j
+                continue
+            for pos, loc, _ in paged[i:j]:
+                try:
+                    qid, rpos, level, flags, count, expires, data = R.read_enqueue(
+                        buf, (loc & LOC_OFFSET) - start, f"{segment_name(seg)} at byte {loc & LOC_OFFSET}")
+                    if (qid, rpos) != (st.qid, pos):
+                        raise R.JournalError(f"{segment_name(seg)} at byte {loc & LOC_OFFSET}: the record is of "
+                                             f"another message ({qid}:{rpos})")
+                except R.JournalError as err:
+                    self._lost(queue, [(pos, loc, 0)], str(err))
+                    continue
+                entry = Entry(pos, data, level, expires, flags & _FLAGS)
+                entry.count = count
+                entry.seg = loc
+                out.append(entry)
+            i = j
+        return out
+
+    def _reader(self, segment: int) -> int:
+        fd = self.readers.get(segment)
+        if fd is None:
+            fd = self.readers[segment] = os.open(self.directory / segment_name(segment), os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def _lost(self, queue: Queue, paged: list[Paged], why: str) -> None:
+        log.error("journal.read_failed", queue=queue.name, count=len(paged),
+                  positions=[p for p, _, _ in paged][:20], description=why)
 
     # ----- status --------------------------------------------------------------------------------------------------
     def attributes(self) -> dict[str, Any]:
         return {"journal": {"directory": str(self.directory), "segments": len(self.segments),
                             "segment": self.journal.segment, "durable-queues": len(self.queues),
                             "written": self.journal.written, "commits": self.journal.ticket,
-                            "failed": self.failed}}
+                            "failed": self.failed, "paged": sum(q.paged_count for q in self.paging),
+                            "paged-out": self.paged_out, "paged-in": self.paged_in}}

@@ -1,0 +1,114 @@
+"""`--max-memory`: how much memory queued messages may take, and what happens beyond it (flow to disk).
+
+Queued memory is counted as every message's body plus `ENTRY_COST` bytes for each message in memory, plus
+`PAGED_COST` for each paged one (the process needs its own baseline besides: see docs/durability.md).
+
+- Over the bound, the highest messages of the biggest durable queues are *paged out*: their journal records stay,
+  memory keeps 20 bytes each (`Queue.paged`), down to `LOW_WATER` of the bound. Paged messages are read back in
+  order when memory is below `LOW_WATER` again, and whenever consumers of a queue run short (`FEED_BELOW`), so a
+  consumer is never starved by the bound.
+- What cannot be paged (non-durable messages, non-durable queues, priority, last-value and limited queues, or any
+  queue without a journal) is refused while memory stays over the bound after paging:
+  `amqp:resource-limit-exceeded` to the publisher (`Router`), logged once per episode as `memory.over`.
+
+The check runs at the end of a pass, at most every `CHECK_INTERVAL` seconds (a pass is microseconds; the sum over
+queues is not free), so the bound can be overshot by what arrives in that time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker.extension import Extension
+from broker.log import get_logger
+from broker.paging import PAGED_COST
+from broker.store.store import ENTRY_COST
+
+if TYPE_CHECKING:
+    from broker.queue import Queue
+    from broker.server import Server
+
+log = get_logger("broker.memory")
+
+LOW_WATER = 0.8  # page out down to this fraction of the bound; read back while below it
+CHECK_INTERVAL = 0.005  # seconds between sums of queued memory
+FEED_BELOW = 256  # a queue with consumers and fewer available messages in memory reads paged ones back
+FEED_BYTES = 1024 * 1024  # bytes read back at once for a queue's consumers
+
+
+def queued_memory(queues: Any) -> int:
+    """Bytes of memory the messages of `queues` take (see the module's note)."""
+    total = 0
+    for q in queues:
+        total += q.bytes + len(q.entries) * ENTRY_COST
+        if q.paged is not None:
+            total += q.paged.count * PAGED_COST
+    return total
+
+
+class MemoryBound(Extension):
+    def __init__(self, server: Server, limit: int) -> None:
+        self.server = server
+        self.limit = limit
+        self.low = int(limit * LOW_WATER)
+        self.used = 0
+        self.over = False
+        self.refused = 0
+        self._next = 0.0
+
+    def end_of_pass(self) -> bool:
+        store = self.server.store
+        did = False
+        if store is not None and store.paging:
+            for q in list(store.paging):
+                if q.paged is not None and q in self.server.consumers and q._available < FEED_BELOW:
+                    did = store.page_in(q, FEED_BYTES) > 0 or did
+        now = time.monotonic()
+        if now < self._next:
+            return did
+        self._next = now + CHECK_INTERVAL
+        used = queued_memory(self.server.wiring.queues.values())
+        if store is not None:
+            if used > self.limit:
+                used -= self._page_out(store, used - self.low)
+            elif used < self.low and store.paging:
+                used += self._page_in(store, self.low - used)
+                did = True
+        self.used = used
+        over = used > self.limit
+        if over != self.over:
+            self.over = over
+            self.server.refresh_refusing()
+            if over:
+                log.warning("memory.over", used=used, limit=self.limit,
+                            description="queued messages over --max-memory: what cannot be paged to disk is "
+                                        "refused (amqp:resource-limit-exceeded)")
+            else:
+                log.info("memory.under", used=used, limit=self.limit, refused=self.refused)
+                self.refused = 0
+        return did
+
+    def _page_out(self, store: Any, want: int) -> int:
+        """Free about `want` bytes, from the queues holding the most in memory."""
+        freed = 0
+        queues: list[Queue] = [q for q in store.queues if q.pageable and q.entries]
+        queues.sort(key=lambda q: q.bytes + len(q.entries) * ENTRY_COST, reverse=True)
+        for q in queues:
+            if freed >= want:
+                break
+            freed += store.page_out(q, want - freed)
+        return freed
+
+    def _page_in(self, store: Any, room: int) -> int:
+        """Read paged messages back, about `room` bytes, shared between the paged queues."""
+        taken = 0
+        paging = list(store.paging)
+        for i, q in enumerate(paging):
+            share = (room - taken) // (len(paging) - i)
+            if share > 0:
+                taken += store.page_in(q, share)
+        return taken
+
+    def attributes(self) -> dict[str, Any]:
+        return {"memory": {"limit": self.limit, "used": self.used, "over": self.over}}
