@@ -45,6 +45,7 @@ class Type(StrEnum):
 
 class Section(StrEnum):
     BROKER = "Broker events"
+    STORE = "Durable store and memory"
     HA = "HA events"
     COORDINATOR = "Coordinator events (ZooKeeper)"
     LIBRARY = "Library log lines"
@@ -103,22 +104,27 @@ COMMON: Final = _fields(
 )
 
 FIELDS: Final = _fields(
-    Field("action", S, "what the election decided: `contend`, `withdraw`, `promote`, `demote`, `pause`, `carry_on`"),
     Field("ack_ts", F, "when the backup acknowledged the message (Unix seconds, primary's clock)"),
+    Field("action", S, "what the election decided: `contend`, `withdraw`, `promote`, `demote`, `pause`, `carry_on`"),
     Field("address", S, "a `host:port`"),
     Field("arguments", D, "declare or bind arguments", nullable=True),
     Field("backlog", N, "messages sent to that backup and not yet acknowledged"),
     Field("backup", S, "a backup's broker id"),
+    Field("bindings", N, "bindings recovered"),
+    Field("brokers_url", S, "the HA brokers URL (`--ha-brokers-url`): every broker of the cluster"),
+    Field("bytes", N, "a number of bytes"),
     Field("condition", S, "an AMQP error condition (`amqp:...`)", nullable=True),
     Field("connection", N, "connection id (unique within the process)"),
     Field("count", N, "how many"),
     Field("data_dir", S, "the data directory", nullable=True),
     Field("description", S, "human-readable detail"),
+    Field("destination", S, "the queue messages were moved to"),
     Field("enqueue_ts", F, "when the primary enqueued the message (Unix seconds)"),
     Field("epoch", N, "the cluster epoch (increases with every promotion)"),
     Field("error", S, "the AMQP condition the connection closed with", nullable=True),
     Field("exception", S, "the Python traceback"),
     Field("exchange", S, "an exchange name"),
+    Field("exchanges", N, "exchanges recovered"),
     Field("expected_backups", L, "broker ids the new primary waits for"),
     Field("first_ts", F, "first settlement of the window (Unix seconds)"),
     Field("forced", B, "the operator forced it (`ha-admin promote --force`)"),
@@ -131,32 +137,42 @@ FIELDS: Final = _fields(
     Field("lag_ms", F, "`(ack_ts - enqueue_ts) * 1000`"),
     Field("last_ts", F, "last settlement of the window (Unix seconds)"),
     Field("leader", S, "the current leader's broker id", nullable=True),
+    Field("limit", N, "`--max-memory` in bytes"),
     Field("link", S, "a link name"),
     Field("logger", S, "the Python logger's name (`kazoo.client`, `proton`, ...)"),
     Field("members", L, "list of `{name, address, state}`"),
     Field("message", S, "the library's message text"),
     Field("messages", N, "a number of messages"),
     Field("mode", S, "how the backup acknowledges: `batched`"),
+    Field("moved", N, "live messages written again at the end of the journal"),
     Field("name", S, "an object name"),
     Field("operation", S, "a management operation (`CREATE`, `DELETE`, ...)"),
     Field("path", S, "a file path"),
     Field("peer", S, "the other broker's id"),
     Field("peer_epoch", N, "the epoch the other broker claims"),
     Field("position", N, "a message's position in its queue"),
+    Field("positions", L, "message positions in their queue (at most the first 20)"),
     Field("primary", S, "the primary's broker id"),
+    Field("public_url", S, "the URL clients are redirected to (`--ha-public-url`)", nullable=True),
     Field("queue", S, "a queue name"),
+    Field("queues", N, "queues recovered"),
     Field("reason", S, "why"),
+    Field("refused", N, "messages refused (`amqp:resource-limit-exceeded`)"),
     Field("released", N, "guarded messages released"),
     Field("remote", S, "the peer's `host:port`"),
     Field("role", S, "`primary`, `backup` or `standalone`"),
     Field("sample_rate", F, "fraction of acknowledgements logged, in (0, 1]"),
     Field("seconds", F, "a duration in seconds"),
+    Field("segment", N, "a journal segment number (the journal file `NNNNNNNN.jnl`)"),
+    Field("segments", N, "journal segment files read"),
     Field("seq", N, "wiring sequence number"),
+    Field("size", N, "a file size in bytes"),
     Field("status", N, "the management answer's status code"),
     Field("timed_out", L, "broker ids of backups that did not return in time"),
     Field("to_state", S, "the state entered"),
     Field("type", S, "an object type: `queue`, `exchange`, `binding`"),
     Field("unsettled_returned", N, "deliveries returned to their queues"),
+    Field("used", N, "bytes of memory queued messages take (body plus per-message cost)"),
     Field("user", S, "the authenticated user", nullable=True),
     Field("version", S, "the software version"),
     Field("waited_seconds", F, "how long the new primary waited for its backups"),
@@ -164,7 +180,7 @@ FIELDS: Final = _fields(
     Field("where", S, "what the broker was doing"),
 )
 
-_B, _H, _C, _X = Section.BROKER, Section.HA, Section.COORDINATOR, Section.LIBRARY
+_B, _S, _H, _C, _X = Section.BROKER, Section.STORE, Section.HA, Section.COORDINATOR, Section.LIBRARY
 _INFO, _WARN, _ERR, _DEBUG = Level.INFO, Level.WARNING, Level.ERROR, Level.DEBUG
 
 
@@ -222,6 +238,50 @@ _EVENTS: tuple[Event, ...] = (
           "most, covering every client settlement in [`first_ts`, `last_ts`]; `role` and `epoch` are those at "
           "settlement (a window never spans a change). Used to prove that two brokers never settle at once.",
           (U("count", "client transfers settled"), U("first_ts"), U("last_ts"), U("epoch"), U("role"))),
+    Event("management.refused", _WARN, _B, "an operator's PURGE, MOVE or connection operation was refused (bad "
+          "request, unknown queue or connection, no room): answered with `status`",
+          (U("operation"), U("type"), U("name"), U("status"), U("description"), U("user"))),
+    Event("queue.purged", _INFO, _B, "an operator purged a queue (`ha-admin purge`): `count` available messages "
+          "removed; acquired ones stay with their consumers", (U("queue"), U("count"), U("user"))),
+    Event("queue.moved", _INFO, _B, "an operator moved messages from `queue` to `destination` (`ha-admin move`)",
+          (U("queue"), U("destination"), U("count", "messages moved"), U("user"))),
+    Event("connection.closed_by_operator", _WARN, _B, "an operator closed a connection (`ha-admin "
+          "close-connection`) with `amqp:connection:forced`; its unsettled messages go back to their queues",
+          (U("connection"), U("remote"), U("kind"), U("user", "the operator's user"))),
+    Event("queue.delivery_limit", _WARN, _B, "a message failed its `delivery-limit`-th delivery: dead-lettered "
+          "through the alternate exchange, or dropped when `exchange` is null",
+          (U("queue"), U("position"), U("count", "failed deliveries (the limit)"),
+           U("exchange", "the alternate exchange; null: the message was dropped"))),
+    # ----- durable store and memory ---------------------------------------------------------------------------
+    Event("journal.recovered", _INFO, _S, "the journal under `--data-dir` was read at start; the broker listens "
+          "next", (U("segments"), U("queues"), U("messages"), U("bytes", "of journal read"), U("exchanges"),
+                   U("bindings"), U("seconds", "recovery took"))),
+    Event("journal.torn_tail", _WARN, _S, "the last segment ended in a partial record (a crash mid-write): cut off "
+          "at start; only unconfirmed messages can be in it",
+          (U("bytes", "cut off the last segment"), U("description", "what was incomplete"))),
+    Event("journal.refused", _ERR, _S, "the journal is damaged (not a torn tail) or of a newer format: the broker "
+          "does not start (exit code 2); `description` says where and how to cut it",
+          (U("description"),)),
+    Event("journal.failed", _ERR, _S, "a journal write or fdatasync failed (e.g. disk full): durable messages "
+          "are refused until a write succeeds again (probed every second); non-durable traffic carries on",
+          (U("description"), U("refused", "durable messages waiting for that write, refused"))),
+    Event("journal.writable", _WARN, _S, "journal writes succeed again after `journal.failed`: durable messages "
+          "are accepted again", (U("description", "the failure that ended"),)),
+    Event("journal.truncate_failed", _ERR, _S, "a write failed part-way and the partial record could not be cut "
+          "back; it is cut as a torn tail at the next start", (U("size", "the segment's size before the write"),
+                                                              U("exception"))),
+    Event("journal.segment.dropped", _INFO, _S, "a journal segment without live messages was deleted",
+          (U("segment"),)),
+    Event("journal.segment.compacted", _INFO, _S, "the few live messages of an old segment were written again "
+          "at the end of the journal; the segment is dropped at the next roll", (U("segment"), U("moved"))),
+    Event("journal.read_failed", _ERR, _S, "messages paged to disk (`--max-memory`) could not be read back from "
+          "the journal: they are lost from `queue`",
+          (U("queue"), U("count", "messages lost"), U("positions"), U("description"))),
+    Event("memory.over", _WARN, _S, "queued messages take more than `--max-memory`: durable queues page their "
+          "newest messages to the journal; what cannot be paged is refused (`amqp:resource-limit-exceeded`); one "
+          "line per episode", (U("used"), U("limit"), U("description"))),
+    Event("memory.under", _INFO, _S, "queued memory is under `--max-memory` again: nothing is refused any more",
+          (U("used"), U("limit"), U("refused", "messages refused while over"))),
     # ----- HA -------------------------------------------------------------------------------------------------
     Event("ha.state", _INFO, _H, "every state transition",
           (U("from_state"), U("to_state"), U("role"), U("epoch"), U("reason"))),
@@ -270,6 +330,11 @@ _EVENTS: tuple[Event, ...] = (
           (U("type"), U("name"), U("description"))),
     Event("ha.membership.invalid", _ERR, _H, "(backup) the primary sent an unreadable membership list",
           (U("description"),)),
+    Event("ha.settings.changed", _WARN, _H, "an operator changed the HA URLs at run time (`ha-admin set`; until "
+          "restart); `description` has the old values",
+          (U("brokers_url"), U("public_url"), U("description"), U("user"))),
+    Event("ha.settings.refused", _WARN, _H, "an operator's `ha-admin set` was refused (bad value or field): "
+          "answered with `status`", (U("status"), U("description"), U("user"))),
     # ----- coordinator ----------------------------------------------------------------------------------------
     Event("ha.coordinator.decision", _INFO, _C, "the election decision changed: one line per change",
           (U("action"), U("reason"), U("epoch"), U("leader"), U("waiting"))),

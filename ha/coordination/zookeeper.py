@@ -27,7 +27,6 @@ differences.  SUSPENDED or LOST ends the lease at once.  The server must grant t
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
 import time
@@ -35,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 
+import structlog
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
@@ -53,7 +53,7 @@ from ha.coordination.base import (
 )
 from ha.coordination.znodes import Layout, Snapshot, TimedOps, leader_data, read_snapshot, ready_data
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger("ha.coordinator")  # events of the catalogue (broker/events.py)
 
 LEASE_FRACTION = 0.8  # of the session timeout
 RENEW_FRACTION = 0.25  # a turn at least this often (of the session timeout)
@@ -250,7 +250,7 @@ class ZooKeeperCoordinator(Coordinator):
                 self._turn()
                 delays = None
             except (KazooException, KazooTimeoutError, CoordinatorError) as exc:
-                log.warning("zookeeper turn failed: %r; retrying", exc)
+                log.warning("ha.zookeeper.turn_failed", description=repr(exc))
                 delays = delays or backoff_delays(0.05, max(0.1, self.session_timeout * RENEW_FRACTION))
             self._report_view()
 
@@ -333,13 +333,13 @@ class ZooKeeperCoordinator(Coordinator):
         results = self._ops.commit(tx)
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
-            log.info("%s lost the race for leadership: %r", self.name, failures)
+            log.info("ha.zookeeper.election_lost", description=repr(failures))
             return False
         self._leading = True
         with self._lock:
             self._wanted.ready = None  # a ready set asked for before this election is not ours to publish
         self._lease_until = started + LEASE_FRACTION * self.session_timeout
-        log.info("%s elected leader at epoch %d", self.name, epoch)
+        log.info("ha.zookeeper.elected", epoch=epoch)
         self._notify(lambda: self._callbacks.on_elected(epoch))
         return True
 
@@ -352,7 +352,7 @@ class ZooKeeperCoordinator(Coordinator):
         self._lease_until = 0.0
         if self._leading:
             self._leading = False
-            log.warning("%s lost leadership: %s", self.name, why)
+            log.warning("ha.zookeeper.leadership_lost", reason=why)
             self._notify(self._callbacks.on_lost)
 
     def _write_ready(self, snap: Snapshot, names: frozenset[str], done: Callable[[], None] | None) -> None:
@@ -415,7 +415,7 @@ class ZooKeeperCoordinator(Coordinator):
         try:
             self._callbacks.dispatch(fn)
         except Exception:
-            log.exception("coordinator callback failed")
+            log.error("ha.zookeeper.callback_failed", exc_info=True)
 
     def _shutdown(self) -> None:
         if self._session is Session.CONNECTED:
@@ -425,7 +425,7 @@ class ZooKeeperCoordinator(Coordinator):
                 for path in (self.layout.candidate(self.name), self.layout.member(self.name)):
                     self._sync_ephemeral(path, None)
             except (KazooException, KazooTimeoutError) as exc:
-                log.warning("clean resignation failed: %r", exc)
+                log.warning("ha.zookeeper.resign_failed", description=repr(exc))
         self._leading = False
         self._lease_until = 0.0
         self._view = replace(self._view, i_am_leader=False, session=Session.LOST)
