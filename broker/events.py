@@ -354,8 +354,8 @@ _EVENTS: tuple[Event, ...] = (
           "ephemeral znodes expire anyway)", (U("description"),)),
     Event("ha.zookeeper.callback_failed", _ERR, _C, "a coordinator callback raised (a bug)", (U("exception"),)),
     # ----- other libraries ------------------------------------------------------------------------------------
-    Event("python.log", _WARN, _X, "a library (kazoo, proton) wrote through Python's standard `logging`; "
-          "warnings and above", (U("logger"), U("message"), _o("exception")), also=(_ERR, Level.CRITICAL)),
+    Event("python.log", _WARN, _X, "a library (kazoo, proton) wrote through Python's standard `logging`, "
+          "warnings and above (custom levels round down); Python `warnings` too (logger `py.warnings`)", (U("logger"), U("message"), _o("exception")), also=(_ERR, Level.CRITICAL)),
 )
 
 EVENTS: Final[Mapping[str, Event]] = MappingProxyType({e.name: e for e in _EVENTS})

@@ -7,12 +7,15 @@ Three writers share one output, a `_Sink` (the stream, one lock, the path to reo
   (ProcessorFormatter for everything), so structlog's own events do not take that detour.
 - Python's standard ``logging`` (kazoo, proton, any library): a handler on the root logger renders each record with
   structlog's stdlib integration (``ProcessorFormatter``) and the same processors and JSON renderer, as the event
-  ``python.log`` with ``logger`` and ``message`` (and ``exception``), warnings and above.
+  ``python.log`` with ``logger`` and ``message`` (and ``exception``), warnings and above (Python ``warnings``
+  too: they are captured into logging). A record whose message cannot be formatted becomes a ``python.log`` line
+  that says so, instead of logging's traceback on stderr.
 - `FastEvents` (``fast.info("ha.lag", {...})``): lag samples and settle windows, formatted without the processor
   chain and written in batches (the broker flushes every 0.2 s and at shutdown) so a busy primary does not pay a
   write per acknowledgement. Same schema and key order as the structlog lines (a test renders both and compares).
 
-Log rotation: ``request_reopen()`` (the broker's SIGHUP handler) only sets a flag, which is safe in a signal handler.
+Log rotation: ``configure()`` with a ``log_file``, called on the main thread (as ``ha-broker`` does), installs a
+SIGHUP handler that calls ``request_reopen()``, which only sets a flag and so is safe in a signal handler.
 The sink reopens ``--log-file`` under its lock before the next write from any thread, or at the next `FastEvents`
 flush (0.2 s), so a line is never split between the old and the new file and batched lines still waiting go to the
 new one. The first line of the new file is ``broker.log.reopened``.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -65,13 +69,23 @@ class _AddBroker:
         return event_dict
 
 
+def _library_level(levelno: int) -> str:
+    """The catalogue's level for a standard-logging level (custom levels such as 35 round down)."""
+    return "critical" if levelno >= logging.CRITICAL else "error" if levelno >= logging.ERROR else "warning"
+
+
 def _library_record(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """A standard-logging record as the catalogue's ``python.log`` event."""
+    """A standard-logging record as the catalogue's ``python.log`` event: ``logger``, ``message`` and, for
+    ``exc_info``/``stack_info``, ``exception`` (rendered by ``format_exc_info``)."""
     record: logging.LogRecord = event_dict["_record"]
     message = event_dict.pop("event")
     event_dict["event"] = LIBRARY_EVENT
+    event_dict["level"] = _library_level(record.levelno)
     event_dict["logger"] = record.name
     event_dict["message"] = message
+    stack = event_dict.pop("stack_info", None)
+    if stack and "exc_info" not in event_dict:
+        event_dict["exception"] = stack
     return event_dict
 
 
@@ -152,9 +166,11 @@ class _SinkHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.sink.write(self.format(record) + "\n")
-        except Exception:
-            self.handleError(record)
+            line = self.format(record) + "\n"
+        except Exception as e:  # e.g. arguments that do not fit the format: logging would print a traceback
+            line = render_line(_library_level(record.levelno), LIBRARY_EVENT, self.sink.broker, {
+                "logger": record.name, "message": f"unformattable log record {record.msg!r} % {record.args!r}: {e!r}"})
+        self.sink.write(line)
 
 
 _sink: _Sink | None = None
@@ -185,6 +201,7 @@ def configure(broker: str, level: str = "info", log_file: Path | None = None) ->
         cache_logger_on_first_use=True,
     )
     handler = _SinkHandler(sink)
+    handler.setLevel(LIBRARY_MIN_LEVEL)  # records of a library logger set to a lower level still reach the root
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[structlog.processors.add_log_level, _timestamp, _library_record, add_broker],
@@ -196,7 +213,10 @@ def configure(broker: str, level: str = "info", log_file: Path | None = None) ->
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(max(LIBRARY_MIN_LEVEL, _LEVELS[level]))
+    logging.captureWarnings(True)  # Python warnings too: python.log from logger py.warnings, not text on stderr
     fast.configure(sink, broker, level)
+    if log_file is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda *_: sink.request_reopen())
     return sink.stream
 
 
