@@ -10,9 +10,10 @@ from proton.reactor import Container
 
 
 class _Filler(MessagingHandler):  # type: ignore[misc]
-    def __init__(self, url: str, queue: str, count: int, start: int, durable: bool = False) -> None:
+    def __init__(self, url: str, queue: str, count: int, start: int, durable: bool = False, pad: int = 0) -> None:
         super().__init__(auto_settle=True)
         self.durable = durable
+        self.pad = pad
         self.url = url
         self.queue = queue
         self.count = count
@@ -28,7 +29,7 @@ class _Filler(MessagingHandler):  # type: ignore[misc]
     def on_sendable(self, event: Any) -> None:
         s = event.sender
         while s.credit > 0 and self.next < self.end:
-            s.send(Message(body=self.next, durable=self.durable))
+            s.send(Message(body=padded(self.next, self.pad), durable=self.durable))
             self.next += 1
 
     def on_accepted(self, event: Any) -> None:
@@ -51,9 +52,20 @@ class _Filler(MessagingHandler):  # type: ignore[misc]
             event.connection.close()
 
 
-def fill(url: str, queue: str, count: int, start: int = 1, durable: bool = False) -> None:
-    """Send bodies start, start+1, ... (count of them) to `queue`; return once the broker accepted every one."""
-    h = _Filler(url, queue, count, start, durable)
+def padded(n: int, pad: int) -> Any:
+    """The body `fill` sends for number n: n itself, or with `pad` > 0 a string of about that many bytes that
+    starts with n (`number_of` reads it back)."""
+    return n if pad <= 0 else f"{n}:".ljust(pad, "x")
+
+
+def number_of(body: Any) -> int:
+    return body if isinstance(body, int) else int(str(body).split(":", 1)[0])
+
+
+def fill(url: str, queue: str, count: int, start: int = 1, durable: bool = False, pad: int = 0) -> None:
+    """Send bodies start, start+1, ... (count of them, see `padded`) to `queue`; return once the broker accepted
+    every one."""
+    h = _Filler(url, queue, count, start, durable, pad)
     Container(h).run()
     if h.error is not None or h.confirmed != count:
         raise AssertionError(f"fill {queue}: {h.confirmed}/{count} confirmed ({h.error})")
@@ -66,6 +78,7 @@ class _Taker(MessagingHandler):  # type: ignore[misc]
         self.queue = queue
         self.count = count
         self.taken = 0
+        self.bodies: list[Any] = []
         self.error: str | None = None
 
     def on_start(self, event: Any) -> None:
@@ -76,6 +89,7 @@ class _Taker(MessagingHandler):  # type: ignore[misc]
         if self.taken >= self.count:  # prefetched beyond what was asked: give it back
             self.release(event.delivery, delivered=False)
             return
+        self.bodies.append(event.message.body)
         self.accept(event.delivery)
         self.taken += 1
         if self.taken == self.count:
@@ -90,9 +104,11 @@ class _Taker(MessagingHandler):  # type: ignore[misc]
         self.error = self.error or f"transport error: {event.transport.condition}"
 
 
-def take(url: str, queue: str, count: int, credit: int = 500) -> None:
-    """Consume (accept) `count` messages from `queue` with many in flight; return once all were taken."""
+def take(url: str, queue: str, count: int, credit: int = 500) -> list[Any]:
+    """Consume (accept) `count` messages from `queue` with many in flight; return their bodies once all were
+    taken."""
     h = _Taker(url, queue, count, credit)
     Container(h).run()
     if h.error is not None or h.taken < count:
         raise AssertionError(f"take {queue}: {h.taken}/{count} taken ({h.error})")
+    return h.bodies
