@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,6 +18,12 @@ from ha import protocol as P
 def fail(message: str) -> NoReturn:
     click.echo(f"ha-admin: {message}", err=True)
     sys.exit(1)
+
+
+def usage(message: str) -> NoReturn:
+    """A command line that cannot be carried out as given (exit 2, like click's own usage errors)."""
+    click.echo(f"ha-admin: {message}", err=True)
+    sys.exit(2)
 
 
 class Ctx:
@@ -206,6 +213,162 @@ def close_connection(obj: Ctx, connection_id: str) -> None:
     back to their queues."""
     r = obj.call_type("DELETE", "connection", connection_id)
     click.echo(r.description)
+
+
+@cli.group()
+def journal() -> None:
+    """The durable store's journal: check and cut it offline (broker stopped), its figures (docs/durability.md)."""
+
+
+def _journal_dir(data_dir: Path) -> tuple[Path, Path]:
+    """(data dir, journal dir) for --data-dir: the broker's data dir, or its journal directory itself."""
+    if not data_dir.exists():
+        usage(f"{data_dir}: no such directory (give the broker's --data-dir)")
+    if not data_dir.is_dir():
+        usage(f"{data_dir}: not a directory (give the broker's --data-dir)")
+    if (data_dir / "journal").is_dir():
+        return data_dir, data_dir / "journal"
+    if any(data_dir.glob("*.jnl")):
+        return data_dir.parent, data_dir
+    usage(f"{data_dir} holds no journal ({data_dir / 'journal'} does not exist): give the broker's --data-dir")
+
+
+DATA_DIR = click.Path(path_type=Path)
+
+
+@journal.command("check")
+@click.option("--data-dir", type=DATA_DIR, required=True, help="the broker's --data-dir")
+@click.option("--json", "as_json", is_flag=True, help="one JSON document instead of text")
+def journal_check(data_dir: Path, as_json: bool) -> None:
+    """Replay the journal as the broker would and report what it holds: each segment, the durable queues with
+    their messages, exchanges, bindings, the HA standing, and the verdict. Read-only. Exit codes: 0 clean, 3 a
+    torn tail (the broker cuts it at start: both start), 4 damaged, 5 a newer format, 6 a file cannot be read
+    (the broker refuses to start), 2 a wrong directory."""
+    from broker.store import tools
+
+    base, jdir = _journal_dir(data_dir)
+    ins = tools.inspect(jdir)
+    doc = tools.report(ins, tools.plan_cut(ins.segments, ins.problem))
+    held, _ = tools.holders(base, jdir)
+    if held:
+        doc["running"] = held
+    if as_json:
+        click.echo(json.dumps(doc, sort_keys=True))
+    else:
+        if held:
+            click.echo(f"note: a broker is running on this journal ({'; '.join(held)}): its last segment may be "
+                       "in the middle of a write", err=True)
+        click.echo("\n".join(tools.check_lines(doc, str(data_dir))))
+    sys.exit(tools.EXIT_CODE[ins.verdict])
+
+
+@journal.command("stats")
+@click.option("--data-dir", type=DATA_DIR, default=None,
+              help="read the files instead of asking the broker (works with the broker stopped)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object instead of text")
+@click.pass_obj
+def journal_stats(obj: Ctx, data_dir: Path | None, as_json: bool) -> None:
+    """The journal's figures. By default asked of the running broker (--broker or --socket): segments on disk,
+    the segment being written, durable queues, bytes written and commits (one write + fdatasync each) since it
+    started, and whether writes fail. With --data-dir: from the files (disk bytes, live messages and bytes)."""
+    if data_dir is not None:
+        from broker.store import tools
+
+        _, jdir = _journal_dir(data_dir)
+        ins = tools.inspect(jdir)
+        doc = tools.report(ins)
+        out = {k: doc[k] for k in ("journal", "verdict", "disk_bytes", "messages", "bytes")}
+        out["segments"] = len(doc["segments"])
+        out["durable-queues"] = len(doc["queues"])
+        if as_json:
+            click.echo(json.dumps(out, sort_keys=True))
+            return
+        share = f" ({100 * out['bytes'] / out['disk_bytes']:.0f}% of the disk it takes)" if out["disk_bytes"] else ""
+        click.echo(f"journal {out['journal']} (from the files)\n"
+                   f"  segments        {out['segments']}\n"
+                   f"  disk bytes      {out['disk_bytes']:,}\n"
+                   f"  durable queues  {out['durable-queues']}\n"
+                   f"  live messages   {out['messages']:,}, {out['bytes']:,} bytes{share}\n"
+                   f"  verdict         {out['verdict']} (details: ha-admin journal check --data-dir {data_dir})")
+        return
+    r = obj.request("READ", "broker", "broker")
+    if not r.ok:
+        fail(f"read broker refused by {obj.target}: {r.status} {r.description}")
+    body = r.body if isinstance(r.body, dict) else {}
+    j = body.get("journal")
+    if not isinstance(j, dict):
+        fail(f"{obj.target} keeps no journal (started without --data-dir, or with --no-journal)")
+    from broker.store.journal import segment_name
+
+    j = {"broker": body.get("name"), "address": body.get("address"), **j}
+    if as_json:
+        click.echo(json.dumps(j, sort_keys=True))
+        return
+    state = f"FAILED: {j['failed']} (durable messages are refused)" if j.get("failed") else "writable"
+    click.echo(f"journal {j.get('directory')} of {j['broker']} ({obj.target})\n"
+               f"  segments        {j.get('segments')} (writing {segment_name(int(j.get('segment') or 0))})\n"
+               f"  durable queues  {j.get('durable-queues')}\n"
+               f"  written         {j.get('written', 0):,} bytes since start\n"
+               f"  commits         {j.get('commits', 0):,} since start (one write and one fdatasync each)\n"
+               f"  state           {state}")
+
+
+@journal.command("cut")
+@click.option("--data-dir", type=DATA_DIR, required=True, help="the broker's --data-dir")
+@click.option("--yes", is_flag=True, help="cut without asking")
+def journal_cut(data_dir: Path, yes: bool) -> None:
+    """Cut a damaged journal at its last good record, so that the broker starts with everything before the
+    damage. Nothing is deleted: the damaged segment (whole) and every later segment go to
+    JOURNAL/cut-<UTC time>/. Refused while a broker holds the journal. Exit 0 when the journal is (now) one the
+    broker starts with (clean, or a torn tail it cuts itself), 1 when refused (a broker holds it) or declined,
+    5 or 6 (as check) for a newer format or an unreadable file, which a cut does not touch, 2 for a wrong
+    directory."""
+    from broker.store import tools
+
+    base, jdir = _journal_dir(data_dir)
+
+    def refuse_if_held() -> None:
+        held, notes = tools.holders(base, jdir)
+        for n in notes:
+            click.echo(f"note: {n}", err=True)
+        if held:
+            fail(f"refusing to cut: a broker holds {jdir} ({'; '.join(held)}); stop it first")
+
+    refuse_if_held()
+    ins = tools.inspect(jdir)
+    p = ins.problem
+    if ins.verdict is tools.Verdict.CLEAN:
+        click.echo(f"nothing to cut: {jdir} is clean")
+        return
+    if ins.verdict is tools.Verdict.TORN and p is not None:
+        click.echo(f"nothing to cut: only a torn tail ({p.bytes:,} bytes at {p.file} byte {p.offset:,}), which the "
+                   "broker cuts itself at start")
+        return
+    plan = tools.plan_cut(ins.segments, p)
+    if plan is None:
+        click.echo(f"ha-admin: refusing to cut: {tools.describe_problem(tools.report(ins), str(data_dir))}", err=True)
+        sys.exit(tools.EXIT_CODE[ins.verdict])
+    doc = tools.report(ins, plan)
+    click.echo(f"damage: {plan.file} at byte {plan.at:,}: {plan.reason}")
+    what = "the whole segment (its header is bad)" if plan.at == 0 else f"from byte {plan.at:,} to its end"
+    click.echo(f"cut:    {plan.file} {what}: {plan.cut_bytes:,} bytes")
+    if plan.moved:
+        click.echo(f"        and the later segments {', '.join(plan.moved)}: {plan.moved_bytes:,} bytes")
+    click.echo(f"lost:   {plan.lost_bytes:,} bytes: the damaged record and {tools.describe_kinds(plan.lost_kinds)} "
+               "records after it (messages published after the damage are lost; messages consumed after it "
+               "come back)")
+    click.echo(f"kept:   {tools.plural(doc['messages'], 'message')} ({doc['bytes']:,} bytes) on "
+               f"{tools.plural(len(doc['queues']), 'durable queue')}; HA standing "
+               f"{tools.describe_standing(doc['standing'])}")
+    if not yes:
+        click.confirm("Cut the journal here? (what is cut is moved aside, not deleted)", abort=True, err=True)
+        refuse_if_held()
+    moved_to = tools.apply_cut(jdir, plan, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    click.echo(f"cut {plan.file} at byte {plan.at:,}; set aside in {moved_to}")
+    after = tools.inspect(jdir)
+    if after.verdict is not tools.Verdict.CLEAN:
+        fail(f"after the cut: {tools.describe_problem(tools.report(after), str(data_dir))}")
+    click.echo("the journal is clean: start the broker")
 
 
 def main() -> None:
