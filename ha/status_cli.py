@@ -99,7 +99,7 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
             "name": name, "address": addr, "role": a.get("role"), "state": a.get("state"),
             "epoch": a.get("epoch"), "position": a.get("position"), "queues": a.get("queues"),
             "backlog": None, "lag_ms": None, "primary": a.get("primary"), "source": "self",
-            "as_of": a.get("time"),
+            "as_of": a.get("time"), "journal_failed": a.get("journal_failed"),
         }
         followed = answers.get(a.get("primary") or "")
         if a.get("role") == Role.BACKUP.value and followed is not None \
@@ -187,6 +187,8 @@ def _note(m: dict[str, Any]) -> str:
     s = m.get("stale")
     if s:
         return f"stale since {_clock(s.get('since'))}: {s.get('role')} {s.get('state')} (per {s.get('by')})"
+    if m.get("journal_failed"):  # durable messages refused (primary), out of the cluster (backup): docs/durability.md
+        return f"JOURNAL CANNOT WRITE: {m['journal_failed']}"
     return "no answer" if m.get("source") == "unreachable" else ""
 
 
@@ -232,7 +234,7 @@ def render(view: dict[str, Any], all_members: bool = False) -> Group:
             "" if m.get("backlog") is None else str(m["backlog"]),
             "" if m.get("lag_ms") is None else f"{m['lag_ms']:.1f}",
             bar,
-            *([Text(_note(m), "dim")] if with_note else []),
+            *([Text(_note(m), "bold red" if m.get("journal_failed") else "dim")] if with_note else []),
         )
     return Group(header, t)
 

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from proton import Message
 
 from broker.store import records as R
 from tests.support.amqp import drain, mgmt, receive, send
 from tests.support.cluster import Cluster
-from tests.support.procs import BIN, BrokerFactory, BrokerProcess
+from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
 
 
 def admin(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -81,6 +84,9 @@ def test_check_after_a_kill_reports_exactly_what_the_broker_recovers(brokers: Br
     send(b.url, "scratch", ["not kept"] * 5, durable=True)  # a non-durable queue: never on disk
     with mgmt(b.url) as m:
         live = {q: m.call("READ", "queue", q).body for q in ("orders", "audit")}
+    status = subprocess.run([str(BIN / "ha-status"), "--broker", b.url, "-f", "json"], capture_output=True,
+                            text=True, timeout=30)
+    assert json.loads(status.stdout)["members"][0]["journal_failed"] is None  # writing: nothing to show
     b.kill()
 
     rc, doc = check_json(b)
@@ -255,3 +261,81 @@ def test_an_empty_journal_directory_is_clean_and_the_broker_starts_empty(tmp_pat
     with mgmt(b.url) as m:
         assert m.call("READ", "broker", "broker").body["journal"]["durable-queues"] == 0
 
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs: a disk that fills up (root only; the same as tests/broker/test_store.py's)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill_up(disk: Path) -> Path:
+    """Write a ballast file until the disk has no room left; returns it (the operator frees it later)."""
+    ballast = disk / "ballast"
+    chunk = b"\0" * 65536
+    with ballast.open("wb", buffering=0) as f:
+        while True:
+            try:
+                f.write(chunk)
+            except OSError:
+                if len(chunk) == 1:
+                    return ballast
+                chunk = chunk[: len(chunk) // 2]
+
+
+BIG = "z" * 20_000  # more than a page: a full tmpfs has no room for it
+
+
+def ha_status(b: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "ha-status"), "--broker", b.url, *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def member(b: BrokerProcess, name: str) -> dict[str, Any]:
+    r = ha_status(b, "-f", "json")
+    assert r.returncode == 0, r.stderr
+    rows: list[dict[str, Any]] = json.loads(r.stdout)["members"]
+    return next(m for m in rows if m["name"] == name)
+
+
+def test_ha_status_shows_a_backup_whose_disk_is_full_until_it_can_write_again(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    c = Cluster(brokers, 2, [])
+    c[1].data_dir = small_disk / "data"  # the backup's journal is on the small disk
+    c.start_with_primary(0)
+    primary, backup = c[0], c[1]
+    durable_queue(primary, "q")
+    send(primary.url, "q", ["before 1", "before 2"], durable=True)
+    assert member(primary, "b2")["journal_failed"] is None
+    ballast = fill_up(small_disk)
+
+    send(primary.url, "q", [f"during {i} {BIG}" for i in range(5)], durable=True)  # it carries on without it
+    wait_for(lambda: any(e["event"] == "journal.failed" for e in backup.events()), 20,
+             what="the backup's journal to fail")
+    wait_for(lambda: any(e["event"] == "ha.backup.lost" for e in primary.events()), 20,
+             what="the primary to let the backup go")
+    row = member(primary, "b2")
+    assert "disk full" in row["journal_failed"], row
+    text = ha_status(primary).stdout
+    b2 = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("b2"))
+    assert "JOURNAL CANNOT WRITE: journal: disk full" in b2
+    assert member(primary, "b1")["journal_failed"] is None
+    stats = admin("--broker", backup.url, "journal", "stats")
+    assert stats.returncode == 0 and "FAILED: journal: disk full" in stats.stdout
+
+    ballast.unlink()  # the operator frees space: the backup writes again, comes back and catches up
+    wait_for(lambda: any(e["event"] == "journal.writable" for e in backup.events()), 20,
+             what="the backup's journal to write again")
+    c.wait_state(1, "ready", timeout=30)
+    assert member(primary, "b2")["journal_failed"] is None
+    assert "JOURNAL CANNOT WRITE" not in ha_status(primary).stdout
+    expected = ["before 1", "before 2", *(f"during {i} {BIG}" for i in range(5))]
+    wait_for(lambda: c.queue_bodies(1, "q") == expected, 20, what="the backup to catch up")

@@ -1,0 +1,36 @@
+"""ha-status shows a member whose journal cannot write (disk full, I/O error) in its row's note."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from ha.status_cli import render
+
+
+def row(name: str, role: str, state: str, journal_failed: str | None) -> dict[str, Any]:
+    return {"name": name, "address": f"{name}:5672", "role": role, "state": state, "epoch": 3, "position": 10,
+            "queues": 1, "backlog": None, "lag_ms": None, "primary": "b1", "source": "self", "as_of": 0.0,
+            "journal_failed": journal_failed}
+
+
+def shown(view: dict[str, Any]) -> str:
+    console = Console(record=True, width=200)
+    console.print(render(view))
+    return console.export_text()
+
+
+def test_a_member_whose_journal_cannot_write_says_so_in_its_row() -> None:
+    view = {"brokers_url": "b1:5672,b2:5672", "public_url": None, "epoch": 3, "primaries": ["b1"],
+            "members": [row("b1", "primary", "active", "journal: disk full (No space left on device)"),
+                        row("b2", "backup", "joining", None)]}
+    text = shown(view)
+    b1 = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("b1"))
+    assert "JOURNAL CANNOT WRITE: journal: disk full" in b1
+
+
+def test_no_note_column_while_every_journal_writes() -> None:
+    view = {"brokers_url": "b1:5672", "public_url": None, "epoch": 3, "primaries": ["b1"],
+            "members": [row("b1", "primary", "active", None)]}
+    assert "Note" not in shown(view)
