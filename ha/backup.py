@@ -554,7 +554,8 @@ class Backup:
     def _membership(self, msg: Message) -> None:
         body: Any = msg.body or {}
         try:
-            m = Membership.from_wire({"epoch": body.get("epoch"), "members": body.get("members")})
+            m = Membership.from_wire({"epoch": body.get("epoch"), "members": body.get("members"),
+                                      "seq": body.get("seq", 0)})
         except ValueError as e:
             log.error("ha.membership.invalid", description=str(e))
             return

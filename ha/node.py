@@ -29,6 +29,7 @@ from ha.backup import Backup
 from ha.coordinated import CoordinatedRole
 from ha.coordination.epoch_store import EpochStore
 from ha.core.membership import Membership
+from ha.core.restart import ReadyView, may_restart_as_newest
 from ha.core.states import HaState, IllegalTransition, transition
 from ha.primary import Primary
 
@@ -53,6 +54,7 @@ class HaNode(Extension):
         self.address = ""
         self.coordinated: CoordinatedRole | None = None
         self.ready_epoch = 0  # the newest epoch this broker was primary or ready in (journaled; see _record_standing)
+        self.ready_view: ReadyView | None = None  # the newest member list it knows from a primary (journaled)
 
     # ----- plugin -----------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -102,6 +104,7 @@ class HaNode(Extension):
         self.address = f"{self.config.host}:{self.server.port}"
         standing = self.recovered_standing() or {}
         self.ready_epoch = int(standing.get("ready_epoch", 0) or 0)
+        self.ready_view = ReadyView.from_json(standing.get("view"))
         log.info("ha.state", from_state=None, to_state=self.state.value, role=self.state.role.value, epoch=self.epoch,
                  reason="started with --ha-cluster")
         self._become_backup()
@@ -130,6 +133,10 @@ class HaNode(Extension):
             self.membership = m
             self.membership_since = time.time()
             log.info("ha.membership", epoch=m.epoch, members=m.event_members())
+            view = ReadyView.of(m)
+            if view is not None and view != self.ready_view:
+                self.ready_view = view
+                self._record_standing()
 
     def adopt_epoch(self, epoch: int) -> None:
         if epoch > self.epoch:
@@ -139,14 +146,16 @@ class HaNode(Extension):
             self._record_standing()
 
     def _record_standing(self) -> None:
-        """Journal (epoch, role, state, ready_epoch): after a whole-cluster restart the most current store is the
-        one of a broker that was primary or ready in the newest epoch (`ready_epoch`: the newest epoch in which this
-        broker was a primary or a ready backup, kept across restarts until it is one again)."""
+        """Journal (epoch, role, state, ready_epoch, view): after a whole-cluster restart the most current store is
+        the one of a broker that was primary or ready in the newest epoch (`ready_epoch`: the newest epoch in which
+        this broker was a primary or a ready backup, kept across restarts until it is one again) and that the newest
+        member list of that epoch names (`view`, ha.core.restart: a backup dropped by its primary is not in it)."""
         if self.state in (HaState.READY, HaState.RECOVERING, HaState.ACTIVE):
             self.ready_epoch = max(self.ready_epoch, self.epoch)
         journal = self.server.store
         if journal is not None:
-            journal.record_state(self.epoch, self.state.role.value, self.state.value, self.ready_epoch)
+            view = self.ready_view.to_json() if self.ready_view is not None else None
+            journal.record_state(self.epoch, self.state.role.value, self.state.value, self.ready_epoch, view=view)
 
     def recovered_standing(self) -> dict[str, Any] | None:
         journal = self.server.store
@@ -170,12 +179,20 @@ class HaNode(Extension):
 
     def promote(self, forced: bool = False, epoch: int | None = None,
                 newest_store: bool = False) -> tuple[bool, str]:
-        """`newest_store`: elected after a whole-cluster outage because this broker's journal holds everything
-        confirmed in the cluster's newest epoch (`ha.coordination.election.restarted_with_newest_store`)."""
+        """`newest_store`: chosen after a whole-cluster outage because this broker's journal holds everything
+        confirmed in the cluster's newest epoch (`ha.coordination.election.restarted_with_newest_store` under
+        ZooKeeper, `ha.core.restart.decide_restart` for Pacemaker and understudy-cluster). Accepted only from
+        `joining`, when this broker's own journal agrees (`ha.core.restart.may_restart_as_newest`)."""
         if self.state.role.value == "primary":
             return True, f"already primary ({self.state.value})"
-        restarted = newest_store and self.state == HaState.JOINING and self.ready_epoch > 0
+        restarted = (newest_store and self.state == HaState.JOINING
+                     and may_restart_as_newest(self.server.id, self.ready_epoch, self.ready_view))
         if self.state != HaState.READY and not forced and not restarted and not self._brand_new():
+            if newest_store and self.state == HaState.JOINING:
+                return False, (f"refusing to promote with the newest store: this broker's journal does not show it "
+                               f"primary or ready in its newest member list (ready_epoch {self.ready_epoch}, "
+                               f"list {self.ready_view.to_json() if self.ready_view else None}); use --force for "
+                               "disaster recovery")
             return False, (f"refusing to promote a backup in state {self.state.value}: it may lack acknowledged "
                            "messages (use --force for disaster recovery)")
         from_state = self.state
@@ -187,6 +204,9 @@ class HaNode(Extension):
             self.backup.stop()
             self.backup = None
         self.adopt_epoch(new_epoch)
+        # Journaled with the state change: "primary of this epoch, nobody ready yet", before the first list is (a
+        # crash in between must not leave a primary whose journal names no list of its epoch; ha.core.restart).
+        self.ready_view = ReadyView(self.epoch, 0, self.server.id)
         self.set_state(HaState.RECOVERING, "promoted with the newest store" if restarted else "promoted",
                        forced=forced or from_state != HaState.READY)
         log.warning("ha.promoted", epoch=self.epoch, from_state=from_state.value, forced=forced,
@@ -280,6 +300,7 @@ class HaNode(Extension):
             "default_level": self.default_level,
             "recovered": self.recovered_standing(),
             "ready_epoch": self.ready_epoch,
+            "ready_view": self.ready_view.to_json() if self.ready_view is not None else None,
             "journal_failed": self.server.store.failed if self.server.store is not None else None,
             "members": members,
             "membership_since": self.membership_since,
@@ -295,6 +316,9 @@ class HaNode(Extension):
     def op_promote(self, req: Request) -> Response:
         body = req.body if isinstance(req.body, dict) else {}
         forced = bool(body.get("force", False))
+        newest_store = body.get("newest_store", False)  # chosen by decide_restart after a whole-cluster outage
+        if not isinstance(newest_store, bool):
+            return Response(400, "newest_store must be true or false")
         epoch = body.get("epoch")
         if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0):
             return Response(400, "epoch must be a non-negative integer")
@@ -306,7 +330,7 @@ class HaNode(Extension):
             self.coordinated.forced = True
             self.coordinated.coord.contend(force=True)
             return Response(202, "contending for leadership in ZooKeeper (forced)", self.status())
-        ok, text = self.promote(forced, epoch)
+        ok, text = self.promote(forced, epoch, newest_store=newest_store)
         return Response(200 if ok else 409, text, self.status())
 
     def op_demote(self, req: Request) -> Response:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from proton import Message
@@ -77,6 +77,7 @@ class Primary:
         self.to_run: set[ReplicatingSender] = set()  # senders with work this pass
         self.timed_out: list[str] = []
         self._timer: Any = None
+        self.seq = 0  # the number of the last member list of this epoch (Membership.seq)
 
     # ----- install / uninstall ----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -91,6 +92,7 @@ class Primary:
                 self._timer = s.schedule(self.config.ha_backup_timeout, self._recovery_timeout)
             else:
                 s.wake_call(self._check_recovered)
+        self.update_membership()  # the first list of this epoch: this broker primary, nobody ready yet (journaled)
         self.broadcast_membership()
 
     def uninstall(self) -> None:
@@ -158,14 +160,20 @@ class Primary:
             self.to_run.discard(s)
         released = self.guards.drop_backup(b.name)
         log.warning("ha.backup.lost", backup=b.name, address=b.address, reason=reason, released=len(released))
+        self.update_membership()  # journals the list without it (HaNode.set_membership)
         coordinated = self.node.coordinated
+        store = self.server.store
         if coordinated is not None and b.state == HaState.READY:
             # The dropped backup must leave the coordinator's ready set before we settle without it, or it
-            # could win an election while lacking these messages.
+            # could win an election while lacking these messages. (After update_membership: a second request
+            # without a callback would replace this one.)
             coordinated.ready_set_changed(self.ready_names(), lambda: _release_all(released))
+        elif store is not None and b.state == HaState.READY:
+            # Nor may we settle without it before our journal holds the list without it: after a whole-cluster
+            # outage that list is what keeps it from being promoted (ha.core.restart).
+            store.when_synced(lambda: _release_all(released))
         else:
             _release_all(released)
-        self.update_membership()
 
     def _replicated_queue_names(self) -> list[str]:
         default = self.node.default_level
@@ -394,7 +402,9 @@ class Primary:
 
     def update_membership(self) -> None:
         m = self.membership()
-        if m != self.node.membership:
+        if not m.same_list(self.node.membership):
+            self.seq += 1
+            m = replace(m, seq=self.seq)
             self.node.set_membership(m)
             self.broadcast_membership()
             if self.node.coordinated is not None and self.node.state == HaState.ACTIVE:

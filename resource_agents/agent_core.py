@@ -1,20 +1,25 @@
 """Decisions of the ``understudy`` OCF agent, without I/O (unit-tested in tests/pacemaker/test_agent_core.py).
 
 The agent (``resource_agents/understudy``) gathers facts -- the broker's ``ha-admin query`` answer, whether its
-process is alive, the statuses other instances published as private node attributes -- and asks this module what
-to return to Pacemaker, which promotion score to set, and whether a promote may go ahead.
+process is alive, the statuses other instances published as private node attributes, what the broker's journal says
+(read here without the broker: ``read_standing``) -- and asks this module what to return to Pacemaker, which promotion
+score to set, and whether a promote may go ahead.
 
 Standard library only: the agent runs under the system ``python3`` that Pacemaker's executor starts.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
-from collections.abc import Mapping
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from urllib.parse import quote, unquote
 
 # OCF exit codes (the values of resource-agents' ocf.py, repeated so this module imports without it).
 OCF_SUCCESS = 0
@@ -34,6 +39,7 @@ RANK_STEP = 10
 MIN_READY_SCORE = 10
 BOOTSTRAP_SCORE = 1
 ABORTED_SCORE = 1
+NEWEST_STORE_SCORE = 1000  # after a whole-cluster outage: the one broker the restart rule picks
 
 BACKUP_STATES = frozenset({"joining", "catchup", "ready"})
 PRIMARY_STATES = frozenset({"recovering", "active"})
@@ -179,17 +185,20 @@ def monitor_code(process_alive: bool, status: BrokerStatus | None, expected_prom
     return OCF_ERR_GENERIC  # standalone (no --ha-cluster) or a state we do not know
 
 
-def promotion_score(node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus]) -> int | None:
+def promotion_score(
+    node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus], restart: Restart | None = None
+) -> int | None:
     """The promotion score this node should carry, or None to delete it.
 
     - the primary keeps PRIMARY_SCORE (a promoted instance without a score would be demoted);
     - ready backups are ranked by (epoch, position) among all ready instances: the most current gets
       BEST_READY_SCORE, each rank below loses RANK_STEP (equal currency, equal score);
     - joining/catchup backups get none, so Pacemaker never promotes a backup that lacks acknowledged messages;
+    - whole-cluster restart (``restart``, see ``whole_cluster_restart``): the one node whose broker the restart
+      rule picks (the newest store) gets NEWEST_STORE_SCORE, every other none;
     - bootstrap exception: a brand-new backup (``joining``, epoch 0) gets BOOTSTRAP_SCORE while no instance
-      anywhere is primary or ready, so that a new cluster gets its first primary at all. A cluster restarted
-      after a total outage (epoch > 0, nobody ready) gets no score: the operator picks the newest data
-      (docs/runbook.md).
+      anywhere is primary or ready and no published journal holds a store, so that a new cluster gets its first
+      primary at all.
     """
     if own.is_primary:
         return PRIMARY_SCORE
@@ -197,9 +206,16 @@ def promotion_score(node: str, own: BrokerStatus, published: Mapping[str, Broker
         ready = {n: s for n, s in published.items() if s.is_ready_backup and n != node}
         better = sorted({s.currency for s in ready.values() if s.currency > own.currency}, reverse=True)
         return max(BEST_READY_SCORE - RANK_STEP * len(better), MIN_READY_SCORE)
-    if _brand_new(own) and not _anyone_serving(node, published):
+    if restart is not None and restart.decision.action is RestartAction.PROMOTE:
+        return NEWEST_STORE_SCORE if restart.winner_node == node else None
+    if _brand_new(own) and not _anyone_serving(node, published) and _no_store(restart):
         return BOOTSTRAP_SCORE
     return None
+
+
+def _no_store(restart: Restart | None) -> bool:
+    """No published journal holds a store (or none was published: an agent of an older release)."""
+    return restart is None or restart.decision.action is RestartAction.NEW_CLUSTER
 
 
 def _brand_new(status: BrokerStatus) -> bool:
@@ -228,10 +244,14 @@ class PromoteDecision:
     epoch: int = 0  # the epoch to promote with (PROMOTE)
     force: bool = False  # promote from joining (bootstrap only)
     better_node: str | None = None  # ABORT_FOR_BETTER: the node that should be promoted instead
+    newest_store: bool = False  # PROMOTE of the newest store after a whole-cluster outage (never with force)
 
 
-def decide_promote(node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus]) -> PromoteDecision:
-    """Decide a promote on ``node``, given what every instance published in the pre-promote notification.
+def decide_promote(
+    node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus], restart: Restart | None = None
+) -> PromoteDecision:
+    """Decide a promote on ``node``, given what every instance published in the pre-promote notification (and,
+    after a whole-cluster outage, what their journals say: ``restart``).
 
     The new epoch is one above the highest epoch any instance reported, so it outranks every older primary.
     """
@@ -250,6 +270,22 @@ def decide_promote(node: str, own: BrokerStatus, published: Mapping[str, BrokerS
             return _abort_for(ahead, own, others[ahead])
         reason = "most current ready backup" + (" (it lost its primary)" if own.lost_primary else "")
         return PromoteDecision(PromoteAction.PROMOTE, reason, epoch=new_epoch, force=own.lost_primary)
+    if restart is not None and restart.decision.action is not RestartAction.NEW_CLUSTER:
+        d = restart.decision
+        if d.action is RestartAction.PROMOTE and restart.winner_node == node:
+            return PromoteDecision(
+                PromoteAction.PROMOTE,
+                f"whole-cluster restart: {d.describe()}",
+                epoch=max(new_epoch, d.epoch),
+                newest_store=True,
+            )
+        if d.action is RestartAction.PROMOTE and restart.winner_node is not None:
+            return PromoteDecision(
+                PromoteAction.ABORT_FOR_BETTER,
+                f"{restart.winner_node} holds the newest store: {d.describe()}",
+                better_node=restart.winner_node,
+            )
+        return PromoteDecision(PromoteAction.REFUSE, f"whole-cluster restart: {d.describe()}")
     if _brand_new(own) and not _anyone_serving(node, published):
         ahead = _most_current(
             {n: s for n, s in others.items() if _brand_new(s) and s.currency > own.currency}
@@ -279,6 +315,373 @@ def _abort_for(better: str, own: BrokerStatus, theirs: BrokerStatus) -> PromoteD
         f"(epoch {own.epoch}, position {own.position})",
         better_node=better,
     )
+
+
+# ---- whole-cluster restart: the newest store ---------------------------------------------------------------
+#
+# A copy of ha/core/restart.py (the agent runs outside the project's virtualenv and cannot import it); the module
+# docstring there explains the rule. tests/unit/test_restart_agent_copy.py checks that both copies decide alike.
+
+
+@dataclass(frozen=True)
+class ReadyView:
+    """A primary's member list as one broker last knew it: who was primary and which backups were ready."""
+
+    epoch: int
+    seq: int
+    primary: str
+    ready: frozenset[str] = frozenset()
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.epoch, self.seq)
+
+    @property
+    def eligible(self) -> frozenset[str]:
+        return self.ready | {self.primary}
+
+    @classmethod
+    def from_json(cls, data: object) -> ReadyView | None:
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            epoch, seq, primary, ready = data["epoch"], data["seq"], data["primary"], data.get("ready") or []
+        except KeyError:
+            return None
+        if not (
+            _count(epoch)
+            and _count(seq)
+            and isinstance(primary, str)
+            and primary
+            and isinstance(ready, (list, tuple))
+            and all(isinstance(n, str) for n in ready)
+        ):
+            return None
+        return cls(epoch, seq, primary, frozenset(ready))
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What one broker's journal says (``read_standing``), published as a private node attribute."""
+
+    name: str  # the broker's name (--name), as member lists know it
+    epoch: int
+    position: int
+    ready_epoch: int = 0
+    view: ReadyView | None = None
+
+    @property
+    def fresh(self) -> bool:
+        return self.ready_epoch == 0 and self.view is None
+
+    def encode(self) -> str:
+        """``name:epoch:position:ready_epoch[:view_epoch:view_seq:primary:ready,ready]``, names %-quoted."""
+        text = f"{quote(self.name, safe='')}:{self.epoch}:{self.position}:{self.ready_epoch}"
+        v = self.view
+        if v is not None:
+            ready = ",".join(quote(n, safe="") for n in sorted(v.ready))
+            text += f":{v.epoch}:{v.seq}:{quote(v.primary, safe='')}:{ready}"
+        return text
+
+    @classmethod
+    def decode(cls, text: str) -> Standing:
+        parts = text.strip().split(":")
+        if len(parts) not in (4, 8):
+            raise ValueError(f"bad published standing {text!r}")
+        view = None
+        if len(parts) == 8:
+            ready = frozenset(unquote(n) for n in parts[7].split(",") if n)
+            view = ReadyView(int(parts[4]), int(parts[5]), unquote(parts[6]), ready)
+        return cls(unquote(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), view)
+
+
+def decode_standings(raw: Mapping[str, str]) -> dict[str, Standing]:
+    """Published standings by node, dropping unreadable ones."""
+    out: dict[str, Standing] = {}
+    for node, text in raw.items():
+        try:
+            out[node] = Standing.decode(text)
+        except ValueError:
+            continue
+    return out
+
+
+class RestartAction(Enum):
+    NEW_CLUSTER = "new_cluster"
+    WAIT = "wait"
+    PROMOTE = "promote"
+    OPERATOR = "operator"
+
+
+class RestartReason(Enum):
+    NEW_CLUSTER = "new_cluster"
+    NEWEST_STORE = "newest_store"
+    WAITING_FOR_MEMBERS = "waiting_for_members"
+    WAITING_FOR_ELIGIBLE = "waiting_for_eligible"
+    NO_READY_VIEW = "no_ready_view"
+    NO_ELIGIBLE_UP = "no_eligible_up"
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    action: RestartAction
+    reason: RestartReason
+    winner: str | None = None
+    epoch: int = 0
+    newest: ReadyView | None = None
+    eligible: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        view = ""
+        if self.newest is not None:
+            view = (
+                f" (newest ready set: epoch {self.newest.epoch} list {self.newest.seq}, primary "
+                f"{self.newest.primary}, ready {', '.join(sorted(self.newest.ready)) or 'none'})"
+            )
+        text = {
+            RestartReason.NEW_CLUSTER: "brand-new cluster: nobody holds a store",
+            RestartReason.NEWEST_STORE: f"{self.winner} holds the newest store: promote it with epoch {self.epoch}",
+            RestartReason.WAITING_FOR_MEMBERS: "waiting for every broker to report its journal",
+            RestartReason.WAITING_FOR_ELIGIBLE: (
+                f"waiting for {', '.join(self.missing)}: only {', '.join(self.eligible)} may hold every confirmed "
+                "message"
+            ),
+            RestartReason.NO_READY_VIEW: (
+                "no journal names a primary and its ready backups (written by an older release?): choose with "
+                "ha-admin promote --force"
+            ),
+            RestartReason.NO_ELIGIBLE_UP: (
+                f"none of {', '.join(self.eligible)} is up with its store: nothing is promoted automatically; "
+                "choose with ha-admin promote --force (acknowledged messages may be lost)"
+            ),
+        }[self.reason]
+        return text + view
+
+
+def disowned(v: ReadyView, reported: Mapping[str, Standing]) -> bool:
+    """A list its own primary's journal does not reach (ha/core/restart.py)."""
+    p = reported.get(v.primary)
+    if p is None:
+        return False
+    if p.fresh:
+        return not v.ready
+    return p.view is None or p.view.key < v.key
+
+
+def newest_view(standings: Iterable[Standing]) -> tuple[ReadyView | None, frozenset[str]]:
+    reported = {s.name: s for s in standings}
+    views = [s.view for s in reported.values() if s.view is not None and not disowned(s.view, reported)]
+    if not views:
+        return None, frozenset()
+    key = max(v.key for v in views)
+    same = sorted((v for v in views if v.key == key), key=lambda v: (v.primary, sorted(v.ready)))
+    eligible = frozenset.intersection(*(v.eligible for v in same))
+    return same[0], eligible
+
+
+def decide_restart(standings: Iterable[Standing], expected: int, waited_out: bool = False) -> RestartDecision:
+    """Whom to promote when every reporting broker is ``joining`` and none is primary (ha/core/restart.py)."""
+    reported = {s.name: s for s in standings}
+    epoch = max((s.epoch for s in reported.values()), default=0) + 1
+    everyone = len(reported) >= expected
+    newest, allowed = newest_view(reported.values())
+    if reported and newest is None and all(s.ready_epoch == 0 for s in reported.values()):
+        if everyone:
+            return RestartDecision(RestartAction.NEW_CLUSTER, RestartReason.NEW_CLUSTER, epoch=epoch)
+        return RestartDecision(RestartAction.WAIT, RestartReason.WAITING_FOR_MEMBERS, epoch=epoch)
+    if newest is None:
+        if everyone:
+            return RestartDecision(RestartAction.OPERATOR, RestartReason.NO_READY_VIEW, epoch=epoch)
+        return RestartDecision(RestartAction.WAIT, RestartReason.WAITING_FOR_MEMBERS, epoch=epoch)
+    eligible = tuple(sorted(allowed))
+    missing = tuple(n for n in eligible if n not in reported)
+    if not everyone and (not waited_out or missing):
+        reason = RestartReason.WAITING_FOR_ELIGIBLE if waited_out else RestartReason.WAITING_FOR_MEMBERS
+        return RestartDecision(
+            RestartAction.WAIT, reason, epoch=epoch, newest=newest, eligible=eligible, missing=missing
+        )
+    candidates = [
+        (n, (s.epoch, s.position))
+        for n, s in reported.items()
+        if n in allowed and s.ready_epoch >= newest.epoch and may_restart_as_newest(n, s.ready_epoch, s.view)
+    ]
+    if not candidates:
+        return RestartDecision(
+            RestartAction.OPERATOR,
+            RestartReason.NO_ELIGIBLE_UP,
+            epoch=epoch,
+            newest=newest,
+            eligible=eligible,
+            missing=missing,
+        )
+    winner = min(candidates, key=lambda c: (-c[1][0], -c[1][1], c[0]))[0]  # ha.core.epoch.best_candidate
+    return RestartDecision(
+        RestartAction.PROMOTE,
+        RestartReason.NEWEST_STORE,
+        winner=winner,
+        epoch=epoch,
+        newest=newest,
+        eligible=eligible,
+        missing=missing,
+    )
+
+
+def may_restart_as_newest(name: str, ready_epoch: int, view: ReadyView | None) -> bool:
+    """The broker's own check before it accepts a promotion with the newest store (ha/core/restart.py)."""
+    if ready_epoch <= 0:
+        return False
+    return view is None or (name in view.eligible and view.epoch <= ready_epoch)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The restart rule's decision, and the node whose broker it picked."""
+
+    decision: RestartDecision
+    winner_node: str | None = None
+
+
+def whole_cluster_restart(
+    node: str,
+    own: BrokerStatus | None,
+    published: Mapping[str, BrokerStatus],
+    standings: Mapping[str, Standing],
+    expected: int,
+    waited_out: bool = False,
+) -> Restart | None:
+    """After a whole-cluster outage (this broker ``joining`` or not started yet, no instance primary or ready):
+    the restart rule over every published standing (by node). None when it is not such a restart."""
+    if own is not None and (own.role != "backup" or own.state != "joining"):
+        return None
+    if _anyone_serving(node, published):
+        return None
+    d = decide_restart(standings.values(), expected, waited_out)
+    winner = next((n for n, s in sorted(standings.items()) if s.name == d.winner), None)
+    return Restart(d, winner)
+
+
+# ---- the journal, read without the broker ------------------------------------------------------------------
+#
+# The format is broker/store/records.py's: segment files NNNNNNNN.jnl under DATA_DIR/journal, each a header
+# "UJNL" format:u16 segment:u32, then records length:u32 crc32:u32 kind:u8 payload (crc32 over kind and payload).
+# Every segment starts with a checkpoint (each durable queue with its next position, the HA standing), so the last
+# two segments say everything needed here. Only the record kinds below are read; the rest are skipped.
+
+JOURNAL_MAGIC = b"UJNL"
+JOURNAL_FORMAT = 1
+_JHEADER = struct.Struct(">4sHI")
+_JFRAME = struct.Struct(">II")
+_JQPOS = struct.Struct(">IQ")  # the head of an ENQUEUE payload: queue, position
+_JQID = struct.Struct(">I")
+_ENQUEUE, _QUEUE, _UNQUEUE, _STATE = 1, 3, 4, 9
+_REPLICATE_KEY = "qpid.replicate"
+
+
+class JournalUnreadable(Exception):
+    """The journal is of a newer format or not a journal at all."""
+
+
+def read_standing(data_dir: str, name: str) -> Standing:
+    """This broker's standing from DATA_DIR/journal and DATA_DIR/epoch, without the broker (it may be down).
+
+    The position is the sum, over durable queues that replicate their messages, of the highest position journaled
+    (the broker's own measure after recovery). A torn tail ends the reading quietly, as the broker cuts it."""
+    epoch = _read_epoch(os.path.join(data_dir, "epoch"))
+    directory = os.path.join(data_dir, "journal")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        names = []
+    numbers = sorted(int(n[:-4]) for n in names if n.endswith(".jnl") and n[:-4].isdigit())
+    queues: dict[int, tuple[dict[str, object], int]] = {}  # qid -> (QUEUE document, highest position)
+    state: dict[str, object] = {}
+    for number in numbers[-2:]:
+        path = os.path.join(directory, f"{number:08d}.jnl")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise JournalUnreadable(f"{path}: {exc.strerror or exc}") from None
+        state = _replay_segment(data, path, queues, state)
+    position = 0
+    for doc, highest in queues.values():
+        args = doc.get("arguments")
+        level = args.get(_REPLICATE_KEY, "all") if isinstance(args, dict) else "all"
+        if level == "all":
+            position += highest
+    return Standing(
+        name,
+        max(epoch, _int(state.get("epoch"))),
+        position,
+        _int(state.get("ready_epoch")),
+        ReadyView.from_json(state.get("view")),
+    )
+
+
+def _int(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+def _read_epoch(path: str) -> int:
+    try:
+        with open(path) as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+    return max(value, 0)
+
+
+def _replay_segment(
+    data: bytes, path: str, queues: dict[int, tuple[dict[str, object], int]], state: dict[str, object]
+) -> dict[str, object]:
+    if len(data) < _JHEADER.size:
+        return state  # a segment whose header a crash cut short: the broker starts it again
+    magic, fmt, _ = _JHEADER.unpack_from(data)
+    if magic != JOURNAL_MAGIC:
+        raise JournalUnreadable(f"{path}: not a journal segment")
+    if fmt > JOURNAL_FORMAT:
+        raise JournalUnreadable(f"{path}: journal format {fmt} is newer than this agent's ({JOURNAL_FORMAT})")
+    view = memoryview(data)
+    off, end = _JHEADER.size, len(data)
+    while off + _JFRAME.size <= end:
+        length, crc = _JFRAME.unpack_from(view, off)
+        stop = off + _JFRAME.size + length
+        if length == 0 or stop > end:
+            break
+        body = view[off + _JFRAME.size : stop]
+        if zlib.crc32(body) != crc:
+            break  # a torn tail (or damage, which the broker reports when it starts)
+        kind = body[0]
+        try:
+            if kind == _ENQUEUE:
+                qid, pos = _JQPOS.unpack_from(body, 1)
+                known = queues.get(qid)
+                if known is not None and pos > known[1]:
+                    queues[qid] = (known[0], pos)
+            elif kind == _QUEUE:
+                (qid,) = _JQID.unpack_from(body, 1)
+                doc = json.loads(bytes(body[1 + _JQID.size :]))
+                known = queues.get(qid)
+                highest = int(doc.get("next", 1)) - 1
+                if known is not None and known[0].get("uuid") == doc.get("uuid"):
+                    highest = max(highest, known[1])
+                queues[qid] = (doc, highest)
+            elif kind == _UNQUEUE:
+                (qid,) = _JQID.unpack_from(body, 1)
+                queues.pop(qid, None)
+            elif kind == _STATE:
+                doc = json.loads(bytes(body[1:]))
+                if isinstance(doc, dict) and "epoch" in doc:
+                    state = doc
+        except (ValueError, struct.error, AttributeError, TypeError):
+            pass  # a record we cannot use: the broker decides about damage when it starts
+        off = stop
+    return state
 
 
 # ---- validate-all --------------------------------------------------------------------------------------------

@@ -3,7 +3,12 @@
 Values are immutable; members are kept sorted by name so every broker holds (and logs) an identical list.
 The wire form is a plain map, ready to be an AMQP map body::
 
-    {"epoch": 3, "members": [{"name": "b1", "address": "127.0.0.1:5672", "role": "primary", "state": "active"}]}
+    {"epoch": 3, "seq": 7,
+     "members": [{"name": "b1", "address": "127.0.0.1:5672", "role": "primary", "state": "active"}]}
+
+``seq`` numbers the lists one primary sends in its epoch (1, 2, ...): every broker journals the newest list it knows
+(`ha.core.restart.ReadyView`), and after a whole-cluster outage the list with the highest (epoch, seq) says who held
+every confirmed message. A primary of an older release sends none (0).
 """
 
 from __future__ import annotations
@@ -67,10 +72,12 @@ class Member:
 class Membership:
     epoch: int
     members: tuple[Member, ...] = ()
+    seq: int = 0  # which list of its epoch this is (the primary counts from 1); 0: not numbered
 
     def __post_init__(self) -> None:
-        if isinstance(self.epoch, bool) or not isinstance(self.epoch, int) or self.epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {self.epoch!r}")
+        for label, value in (("epoch", self.epoch), ("seq", self.seq)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{label} must be an int >= 0, got {value!r}")
         names = [m.name for m in self.members]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate member names: {sorted(names)}")
@@ -89,6 +96,10 @@ class Membership:
     def with_epoch(self, epoch: int) -> Membership:
         return replace(self, epoch=epoch)
 
+    def same_list(self, other: Membership) -> bool:
+        """The same epoch and members, whatever the numbering."""
+        return self.epoch == other.epoch and self.members == other.members
+
     def get(self, name: str) -> Member | None:
         return next((m for m in self.members if m.name == name), None)
 
@@ -102,8 +113,13 @@ class Membership:
         primaries = [m for m in self.members if m.role is Role.PRIMARY]
         return primaries[0] if len(primaries) == 1 else None
 
+    @property
+    def ready_names(self) -> tuple[str, ...]:
+        """Backups in state ready."""
+        return tuple(m.name for m in self.members if m.state is HaState.READY)
+
     def to_wire(self) -> dict[str, object]:
-        return {"epoch": self.epoch, "members": [m.to_wire() for m in self.members]}
+        return {"epoch": self.epoch, "seq": self.seq, "members": [m.to_wire() for m in self.members]}
 
     @classmethod
     def from_wire(cls, data: object) -> Membership:
@@ -113,10 +129,13 @@ class Membership:
         epoch = data.get("epoch")
         if isinstance(epoch, bool) or not isinstance(epoch, int):
             raise ValueError(f"membership epoch must be an int, got {epoch!r}")
+        seq = data.get("seq", 0) or 0  # none from a primary of an older release
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise ValueError(f"membership seq must be an int, got {seq!r}")
         members = data.get("members")
         if not isinstance(members, list | tuple):
             raise ValueError(f"membership members must be a list, got {type(members).__name__}")
-        return cls(epoch, tuple(Member.from_wire(m) for m in members))
+        return cls(epoch, tuple(Member.from_wire(m) for m in members), seq)
 
     def event_members(self) -> list[dict[str, str]]:
         """The ``members`` field of the ``ha.membership`` event (docs/events.md)."""

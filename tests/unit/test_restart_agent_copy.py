@@ -1,0 +1,118 @@
+"""The OCF agent's standard-library copy of the restart rule (resource_agents/agent_core.py) decides as
+ha/core/restart.py does, and reads a broker's standing from its journal without the broker."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import broker.store.records as R
+from ha.core import restart as rule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
+
+import agent_core as core
+
+NAMES = ["b1", "b2", "b3", "node:4", "b 5"]
+names = st.sampled_from(NAMES)
+views = st.builds(
+    lambda e, s, p, r: (e, s, p, frozenset(r)),
+    st.integers(0, 4),
+    st.integers(0, 4),
+    names,
+    st.sets(names, max_size=3),
+)
+standings = st.builds(
+    lambda n, e, pos, r, v: (n, e, pos, r, v),
+    names,
+    st.integers(0, 4),
+    st.integers(0, 30),
+    st.integers(0, 4),
+    st.none() | views,
+)
+
+
+def ours(t: tuple) -> rule.Standing:  # type: ignore[type-arg]
+    n, e, pos, r, v = t
+    return rule.Standing(n, e, pos, r, None if v is None else rule.ReadyView(*v))
+
+
+def agents(t: tuple) -> core.Standing:  # type: ignore[type-arg]
+    n, e, pos, r, v = t
+    return core.Standing(n, e, pos, r, None if v is None else core.ReadyView(*v))
+
+
+def same(a: rule.RestartDecision, b: core.RestartDecision) -> None:
+    assert (a.action.value, a.reason.value, a.winner, a.epoch, a.eligible, a.missing) == (
+        b.action.value, b.reason.value, b.winner, b.epoch, b.eligible, b.missing)
+    assert a.describe() == b.describe()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(standings, max_size=5, unique_by=lambda t: t[0]), st.integers(1, 5), st.booleans())
+def test_the_agents_copy_decides_as_the_rule(items: list[tuple], expected: int, waited_out: bool) -> None:  # type: ignore[type-arg]
+    a = rule.decide_restart([ours(t) for t in items], expected, waited_out)
+    b = core.decide_restart([agents(t) for t in items], expected, waited_out)
+    same(a, b)
+    for t in items:
+        s = ours(t)
+        assert rule.may_restart_as_newest(s.name, s.ready_epoch, s.view) == core.may_restart_as_newest(
+            s.name, s.ready_epoch, agents(t).view)
+
+
+@given(standings)
+def test_a_published_standing_reads_back_as_it_was(t: tuple) -> None:  # type: ignore[type-arg]
+    s = agents(t)
+    assert core.Standing.decode(s.encode()) == s
+    assert ":" not in s.encode().split(":", 1)[0]
+
+
+def test_unreadable_published_standings_are_dropped() -> None:
+    good = core.Standing("b1", 3, 40, 3, core.ReadyView(3, 2, "b1", frozenset({"b2"})))
+    got = core.decode_standings({"n1": good.encode(), "n2": "b2:x:1:1", "n3": "b3:1:2", "n4": ""})
+    assert got == {"n1": good}
+
+
+def segment(number: int, *records: bytes) -> bytes:
+    return R.header(number) + b"".join(records)
+
+
+def test_read_standing_reads_what_the_broker_journals(tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (tmp_path / "epoch").write_text("4\n")
+    v = {"epoch": 3, "seq": 6, "primary": "b1", "ready": ["b2"]}
+    (journal / "00000001.jnl").write_bytes(segment(
+        1,
+        R.queue(1, "q", "u1", {}, 1),
+        R.queue(2, "local", "u2", {"qpid.replicate": "none"}, 1),
+        R.enqueue(1, 1, 2, 1, 0, None, b"m1"),
+        R.enqueue(1, 2, 2, 1, 0, None, b"m2"),
+        R.enqueue(2, 9, 2, 1, 0, None, b"not replicated"),
+        R.document(R.STATE, {"epoch": 3, "role": "backup", "state": "ready", "ready_epoch": 3, "view": v}),
+    ))
+    # a newer segment starts with a checkpoint (queue 1 with its next position), then more messages, a torn tail
+    torn = R.enqueue(1, 8, 2, 1, 0, None, b"torn")[:-2]
+    (journal / "00000002.jnl").write_bytes(segment(2, R.queue(1, "q", "u1", {}, 3), R.enqueue(1, 3, 2, 1, 0, None,
+                                                                                          b"m3"), torn))
+    s = core.read_standing(str(tmp_path), "b2")
+    assert s == core.Standing("b2", 4, 3, 3, core.ReadyView(3, 6, "b1", frozenset({"b2"})))
+
+
+def test_read_standing_of_an_empty_data_dir_is_fresh(tmp_path: Path) -> None:
+    s = core.read_standing(str(tmp_path), "b1")
+    assert s == core.Standing("b1", 0, 0) and s.fresh
+
+
+def test_read_standing_refuses_a_newer_journal_format(tmp_path: Path) -> None:
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "journal" / "00000001.jnl").write_bytes(R.HEADER.pack(R.MAGIC, R.FORMAT + 1, 1))
+    try:
+        core.read_standing(str(tmp_path), "b1")
+    except core.JournalUnreadable as e:
+        assert "newer" in str(e)
+    else:
+        raise AssertionError("a newer format was read")
