@@ -2,7 +2,10 @@
 
 The manager is the simplest external coordinator: it promotes the first broker of a brand-new cluster, watches the
 primary, and when it dies promotes the most current *ready* backup (highest epoch, then position), then restarts the
-dead broker as a backup. It needs no Pacemaker and no ZooKeeper; it is for development and demos on one host.
+dead broker as a backup. After a whole-cluster outage (every broker back from its journal, all `joining`) it promotes
+the broker with the newest store by the rule of `ha.core.restart` (the one the Pacemaker agent applies); a broker
+with an older store joins it as a backup and catches up. It needs no Pacemaker and no ZooKeeper; it is for
+development and demos on one host.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +25,11 @@ from rich.console import Console
 from broker.client import ManagementClient, ManagementError
 from ha import protocol as P
 from ha.core.epoch import Rank, best_candidate
+from ha.core.restart import ReadyView, RestartAction, Standing, decide_restart
 from ha.status_cli import collect, render
 
 BIN = Path(sys.executable).parent
+RESTART_WAIT = 30.0  # seconds a whole-cluster restart waits for brokers that do not come back (docs: ha.core.restart)
 
 
 @dataclass
@@ -74,12 +80,27 @@ class Member:
                 self.proc.kill()
 
 
+def standing_of(status: dict[str, Any]) -> Standing:
+    """What a `joining` broker's STATUS says of its journal (ha.core.restart)."""
+    return Standing(str(status["name"]), int(status["epoch"]), int(status["position"]),
+                    int(status.get("ready_epoch") or 0), ReadyView.from_json(status.get("ready_view")))
+
+
 class Manager:
-    def __init__(self, members: list[Member], echo: bool = True) -> None:
+    def __init__(self, members: list[Member], echo: bool = True, restart_wait: float = RESTART_WAIT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.members = members
         self.echo = echo
+        self.restart_wait = restart_wait
+        self.clock = clock
+        self.outage_since: float | None = None  # when it first saw no primary and nobody ready
+        self._said: str | None = None
 
-    def say(self, text: str) -> None:
+    def say(self, text: str, once: bool = False) -> None:
+        """`once`: not again while it stays the last thing said (a waiting cluster says why once, not per turn)."""
+        if once and text == self._said:
+            return
+        self._said = text
         if self.echo:
             click.echo(f"[manager] {text}", err=True)
 
@@ -88,27 +109,43 @@ class Manager:
         for m in self.members:
             m.poll_status(timeout)
         if any(m.status and m.status["role"] == "primary" for m in self.members):
+            self.outage_since = None
+            self._restart_dead()
+            return
+        if not any(m.alive for m in self.members):
+            self.say("no broker is running: restarting every broker from its journal")
             self._restart_dead()
             return
         ready = [(m.name, Rank(m.status["epoch"], m.status["position"])) for m in self.members
                  if m.status and m.status["state"] == "ready"]
-        fresh = [m for m in self.members if m.status and m.status["epoch"] == 0 and m.status["state"] == "joining"]
         name = best_candidate(ready)
-        force = False
-        if name is None and len(fresh) == len(self.members):
-            name = fresh[0].name  # brand-new cluster: nobody holds anything yet
-        elif name is None and all(m.status and m.status["state"] == "joining" for m in self.members):
-            # Every broker restarted (./run.sh again): all answer, none is ready. The most current one holds
-            # everything any of them holds (the runbook's total-outage recovery, done for the local cluster).
-            name = best_candidate([(m.name, Rank(m.status["epoch"], m.status["position"]))
-                                   for m in self.members if m.status])
-            force = True
-        if name is None:
+        if name is not None:
+            self._promote(name, {})
             return
+        self._restart_dead()  # nobody to promote: a restart from the journals needs every broker's
+        answering = [m for m in self.members if m.status]
+        if not answering or any(m.status and m.status["state"] != "joining" for m in answering):
+            return  # someone still follows (or catches up from) a primary that was there a moment ago
+        if self.outage_since is None:
+            self.outage_since = self.clock()
+        waited_out = self.clock() - self.outage_since >= self.restart_wait
+        d = decide_restart([standing_of(m.status) for m in answering if m.status], len(self.members), waited_out)
+        if d.action is RestartAction.PROMOTE and d.winner is not None:
+            self.say(f"whole-cluster restart: {d.describe()}")
+            self._promote(d.winner, {"newest_store": True, "epoch": d.epoch})
+        elif d.action is RestartAction.NEW_CLUSTER:
+            # Brand-new cluster: nobody was ever primary or ready. The first broker may have adopted an epoch
+            # (a primary that crashed before its first journal sync): then only force promotes it from joining.
+            first = self.members[0]
+            self._promote(first.name, {"force": True} if first.status and first.status["epoch"] else {})
+        else:
+            self.say(f"no primary: {d.describe()}", once=True)
+
+    def _promote(self, name: str, body: dict[str, Any]) -> None:
         target = next(m for m in self.members if m.name == name)
         try:
             with ManagementClient(target.url, timeout=5) as c:
-                r = c.request("PROMOTE", P.MGMT_TYPE, body={"force": True} if force else {})
+                r = c.request("PROMOTE", P.MGMT_TYPE, body=body)
             self.say(f"promoted {name}: {r.description}" if r.ok else f"promotion of {name} refused: {r.description}")
         except ManagementError as e:
             self.say(f"promotion of {name} failed: {e}")
@@ -120,6 +157,17 @@ class Manager:
                 m.start()
 
 
+def make_members(brokers: int, base_port: int, data_dir: Path, heartbeat: float, extra: list[str] | None = None
+                 ) -> list[Member]:
+    """broker1..brokerN on consecutive ports, each with DATA_DIR/brokerN (its journal, event log, pid file)."""
+    ports = [base_port + i for i in range(brokers)]
+    url = ",".join(f"127.0.0.1:{p}" for p in ports)
+    # Auto-created queues: a demo client can send to any address (see the README's quickstart).
+    args = ["--ha-cluster", "--ha-brokers-url", url, "--ha-heartbeat", str(heartbeat), "--ha-public-url", url,
+            "--auto-create-queues", *(extra or [])]
+    return [Member(f"broker{i + 1}", p, data_dir / f"broker{i + 1}", args) for i, p in enumerate(ports)]
+
+
 @click.command()
 @click.option("--brokers", "-n", default=3, show_default=True, help="how many brokers (1 primary + backups)")
 @click.option("--base-port", default=5672, show_default=True, help="first broker's port; the others follow")
@@ -129,12 +177,8 @@ class Manager:
 @click.option("--once", is_flag=True, help="start, wait until every backup is ready, print status, stop")
 def main(brokers: int, base_port: int, data_dir: Path, heartbeat: float, status_every: float, once: bool) -> None:
     """Run a local Understudy cluster on 127.0.0.1 until Ctrl-C."""
-    ports = [base_port + i for i in range(brokers)]
-    url = ",".join(f"127.0.0.1:{p}" for p in ports)
-    # Auto-created queues: a demo client can send to any address (see the README's quickstart).
-    args = ["--ha-cluster", "--ha-brokers-url", url, "--ha-heartbeat", str(heartbeat), "--ha-public-url", url,
-            "--auto-create-queues"]
-    members = [Member(f"broker{i + 1}", p, data_dir / f"broker{i + 1}", args) for i, p in enumerate(ports)]
+    members = make_members(brokers, base_port, data_dir, heartbeat)
+    url = ",".join(m.url for m in members)
     for m in members:
         m.start()
     mgr = Manager(members)

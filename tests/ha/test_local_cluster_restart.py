@@ -1,0 +1,126 @@
+"""understudy-cluster's manager after a whole-cluster outage: every broker SIGKILLed, restarted from its journal,
+the newest store promoted (ha.core.restart), nothing confirmed lost; an older store never wins, even when it is
+back first.
+
+The manager (ha.local_cluster.Manager) runs in the test process, turn by turn; the brokers are real processes."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ha.local_cluster import Manager, Member, make_members
+from tests.support.amqp import drain, mgmt
+from tests.support.bulk import fill
+from tests.support.cluster import free_ports
+from tests.support.procs import read_events
+
+
+@pytest.fixture
+def members(tmp_path: Path) -> Iterator[list[Member]]:
+    base = free_ports(1)[0]
+    if base > 65000:
+        base -= 1000
+    ms = make_members(3, base, tmp_path, heartbeat=0.5, extra=["--ha-backup-timeout", "2"])
+    try:
+        yield ms
+    finally:
+        for m in ms:
+            if m.alive:
+                assert m.proc is not None
+                m.proc.kill()
+                m.proc.wait(10)
+        for m in ms:
+            events = m.data_dir / "events.log"
+            if events.exists():
+                print(f"==== {m.name}: {events}\n" + events.read_text()[-4000:])
+
+
+def turn_until(mgr: Manager, pred: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        mgr.step(timeout=2.0)
+        if callable(pred) and pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}: "
+                         f"{[(m.name, m.status and (m.status['role'], m.status['state'])) for m in mgr.members]}")
+
+
+def state(m: Member) -> str | None:
+    return m.status["state"] if m.status else None
+
+
+def all_up(mgr: Manager) -> bool:
+    return sorted(state(m) or "" for m in mgr.members) == ["active", "ready", "ready"]
+
+
+def sigkill(m: Member) -> None:
+    assert m.proc is not None
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait(10)
+
+
+def promoted(m: Member) -> list[dict[str, object]]:
+    return [e for e in read_events(m.data_dir / "events.log") if e["event"] == "ha.promoted"]
+
+
+def start_loaded(members: list[Member], said: list[str]) -> tuple[Manager, Member]:
+    mgr = Manager(members, echo=False, restart_wait=60.0)
+    mgr.say = lambda text, once=False: said.append(text)  # type: ignore[method-assign]
+    for m in members:
+        m.start()
+    turn_until(mgr, lambda: all_up(mgr), 60, "a primary and two ready backups")
+    primary = next(m for m in members if state(m) == "active")
+    with mgmt(primary.url) as c:
+        c.call("CREATE", "queue", "d", {"arguments": {"durable": True}})
+    turn_until(mgr, lambda: all_up(mgr), 30, "the backups ready again after the new queue")
+    fill(primary.url, "d", 1000, durable=True)
+    return mgr, primary
+
+
+def test_after_every_broker_is_sigkilled_the_manager_restarts_them_and_promotes_the_newest_store(
+    members: list[Member],
+) -> None:
+    said: list[str] = []
+    mgr, _ = start_loaded(members, said)
+    for m in members:
+        sigkill(m)
+    turn_until(mgr, lambda: any(state(m) == "active" for m in members), 60, "a primary after the restart")
+    assert any("no broker is running: restarting every broker from its journal" in s for s in said)
+    assert any("whole-cluster restart:" in s and "holds the newest store" in s for s in said), said
+    winner = next(m for m in members if state(m) == "active")
+    assert promoted(winner)[-1]["forced"] is False  # newest_store, not --force
+    turn_until(mgr, lambda: all_up(mgr), 60, "the others back as ready backups")
+    assert sorted(drain(winner.url, "d")) == list(range(1, 1001))
+
+
+def test_a_dropped_backup_back_first_never_wins_and_catches_up(members: list[Member]) -> None:
+    said: list[str] = []
+    mgr, primary = start_loaded(members, said)
+    dropped = next(m for m in members if m is not primary)
+    sigkill(dropped)
+    fill(primary.url, "d", 500, start=1001, durable=True)  # confirmed once the primary dropped it (2 s)
+    for m in members:
+        if m.alive:
+            sigkill(m)
+    dropped.start()  # the older store is back first; the manager waits for the others it names
+    mgr.restart_wait = 0.0  # and waiting longer changes nothing: its list names brokers that are not back
+    for _ in range(10):
+        dropped.poll_status(2.0)
+        if dropped.status:
+            break
+        time.sleep(0.5)
+    assert dropped.status and dropped.status["state"] == "joining"
+    mgr.step(timeout=2.0)  # the others are restarted in this turn; only the dropped one answers yet
+    others = sorted(m.name for m in members if m is not dropped)
+    assert any(f"no primary: waiting for {', '.join(others)}" in s for s in said), said
+    turn_until(mgr, lambda: any(state(m) == "active" for m in members), 60, "a primary after the restart")
+    winner = next(m for m in members if state(m) == "active")
+    assert winner is not dropped and not promoted(dropped)
+    turn_until(mgr, lambda: all_up(mgr), 60, "the dropped backup caught up")
+    assert sorted(drain(winner.url, "d")) == list(range(1, 1501))
