@@ -16,37 +16,50 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import hop, native, procstat, report
+from bench import fsync, hop, native, procstat, report
 from bench.catchup import run_catchup
-from bench.ours import OursReplicated
+from bench.membound import run_memory
+from bench.ours import OursReplicated, OursStandalone
 from bench.phases import PhaseSpec, run_phase
+from bench.recovery import run_recovery
 from bench.rss import run_rss
-from bench.scenarios import DEFAULT, SCENARIOS
+from bench.scenarios import DEFAULT, DURABLE, SCENARIOS
 from bench.targets import Target
 
 RESULTS = Path(__file__).resolve().parent / "results"
+LOAD_PHASES = ("publish", "e2e", "latency")
+ALL_PHASES = ("rss", *LOAD_PHASES, "catchup", "recovery", "memory")
+#: without --phases: everything but the memory phase (a 10M fill), which the full and durable presets add
+DEFAULT_PHASES = ("rss", *LOAD_PHASES, "catchup", "recovery")
 PRESETS: dict[str, dict[str, Any]] = {
     # a few minutes for the default targets on a 2-core machine
     "quick": {"messages": 20_000, "latency_messages": 1_000, "repeat": 1, "catchup_messages": "100000",
-              "rss_messages": 100_000},
+              "rss_messages": 100_000, "recovery_messages": 100_000, "memory_messages": 1_000_000},
     # longer: the catch-up and the RSS fill of 1M messages per target; medians of 3
     "full": {"messages": 100_000, "latency_messages": 5_000, "repeat": 3, "catchup_messages": "100000,1000000",
-             "rss_messages": 1_000_000},
+             "rss_messages": 1_000_000, "recovery_messages": 1_000_000, "memory_messages": 10_000_000,
+             "phases": ",".join(ALL_PHASES)},
+    # the durable-store goals (issue 11): durable targets + the non-durable reference, recovery of 1M, 10M bounded
+    "durable": {"messages": 100_000, "latency_messages": 5_000, "repeat": 3, "catchup_messages": "",
+                "rss_messages": 100_000, "recovery_messages": 1_000_000, "memory_messages": 10_000_000,
+                "targets": ",".join(DURABLE), "phases": ",".join((*LOAD_PHASES, "recovery", "memory"))},
 }
-LOAD_PHASES = ("publish", "e2e", "latency")
-ALL_PHASES = ("rss", *LOAD_PHASES, "catchup")
 #: targets other than ours fill at most this many messages for the RSS comparison (cheap, not a goal)
 RSS_OTHERS_MAX = 100_000
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench", description=__doc__)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="sizes for a quick or a full run")
-    p.add_argument("--targets", default=",".join(DEFAULT),
-                   help=f"comma list of {', '.join(SCENARIOS)} [{','.join(DEFAULT)}]")
-    p.add_argument("--phases", default=",".join(ALL_PHASES),
-                   help=f"comma list of {','.join(ALL_PHASES)} (catchup: replicated targets only; rss runs first, "
-                        "on the freshly started target) [all]")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="quick",
+                   help="sizes for a quick or a full run; durable: the durable-store goals' targets and phases")
+    p.add_argument("--targets",
+                   help=f"comma list of {', '.join(SCENARIOS)} [{','.join(DEFAULT)}; durable preset: "
+                        f"{','.join(DURABLE)}]")
+    p.add_argument("--phases",
+                   help=f"comma list of {','.join(ALL_PHASES)} (catchup: replicated targets only; recovery and "
+                        "memory: ours-durable only, memory runs last and restarts it with --max-memory; rss runs "
+                        f"first, on the freshly started target) [{','.join(DEFAULT_PHASES)}; full: all; durable: "
+                        "publish,e2e,latency,recovery,memory]")
     p.add_argument("--client", choices=("c", "python"),
                    help="load generator: c (bench/loadgen, built on demand) or python (bench/client.py) "
                         "[c when it builds]")
@@ -60,6 +73,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"messages queued for the RSS-per-message figure [quick 100000, full 1000000; targets other "
                         f"than ours at most {RSS_OTHERS_MAX}]")
     p.add_argument("--hop-count", type=int, default=20_000, help="round trips of the loopback hop measurement")
+    p.add_argument("--fsync-count", type=int, default=2_000,
+                   help="appends (256 B, write + fdatasync) of the disk measurement in the work directory [2000]")
+    p.add_argument("--recovery-messages", type=int,
+                   help="durable messages filled before the SIGKILL in the recovery phase [quick 100000, full and "
+                        "durable 1000000]")
+    p.add_argument("--memory-messages", type=int,
+                   help="durable messages filled in the memory phase [quick 1000000, full and durable 10000000]")
+    p.add_argument("--max-memory", default="256M",
+                   help="--max-memory of the broker in the memory phase (bytes, or 256M, 1G) [256M]")
+    p.add_argument("--workdir", type=Path,
+                   help="parent of the brokers' data dirs (the fsync figure is measured there) [a new dir in $TMPDIR]")
     p.add_argument("--messages", type=int, help="messages per publish / e2e phase (all publishers together)")
     p.add_argument("--latency-messages", type=int, help="messages in the sync latency phase")
     p.add_argument("--duration", type=float, help="cap each publisher at this many seconds (count still caps)")
@@ -80,6 +104,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for k, v in PRESETS[args.preset].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.targets is None:
+        args.targets = ",".join(DEFAULT)
+    if args.phases is None:
+        args.phases = ",".join(DEFAULT_PHASES)
+    try:
+        from broker.config import parse_size
+
+        parse_size(args.max_memory)
+    except ValueError as e:
+        p.error(f"--max-memory: {e}")
     unknown = [t for t in args.targets.split(",") if t not in SCENARIOS]
     if unknown:
         p.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
@@ -91,6 +125,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         p.error(f"--catchup-messages: a comma list of integers, not {args.catchup_messages!r}")
     return args
+
+
+def for_target(spec: PhaseSpec, target: Target) -> PhaseSpec:
+    """The phase as run against `target`: durable messages when the target asks for them (its durable variant)."""
+    return dataclasses.replace(spec, durable=True) if target.durable_messages else spec
 
 
 def phase_specs(args: argparse.Namespace) -> list[PhaseSpec]:
@@ -151,10 +190,14 @@ def make_target(name: str, args: argparse.Namespace) -> Target:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = dt.datetime.now(dt.UTC)
-    workdir = Path(tempfile.mkdtemp(prefix="understudy-bench-"))
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="understudy-bench-", dir=args.workdir))
     specs = phase_specs(args)
     runs: list[dict[str, Any]] = []
     catchups: list[dict[str, Any]] = []
+    recoveries: list[dict[str, Any]] = []
+    memories: list[dict[str, Any]] = []
     do_catchup = "catchup" in args.phases.split(",")
     infos: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
@@ -164,6 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     hop_result = hop.measure(loadgen or native.try_loadgen()[0], args.hop_count)  # in C whenever it builds
     print(f"== loopback one-way hop: {hop_result['hop_us']:.1f} µs (half the median TCP round trip of 1-byte "
           f"messages, {hop_result['method']})", file=sys.stderr, flush=True)
+    fsync_result = fsync.measure(workdir, args.fsync_count)
+    print(f"== disk: write + fdatasync p50 {fsync_result['p50_us']:.0f} µs, p99 {fsync_result['p99_us']:.0f} µs "
+          f"({fsync_result['size']}-byte appends, {fsync_result['filesystem']})"
+          + (f", ERROR {fsync_result['error']}" if fsync_result["error"] else ""), file=sys.stderr, flush=True)
     try:
         for name in names:
             target = make_target(name, args)
@@ -176,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
                     infos[name]["background_busy_share"] = background
                     if "rss" in phases:
                         n = args.rss_messages if name.startswith("ours") else min(args.rss_messages, RSS_OTHERS_MAX)
-                        rr = run_rss(target, n, args.size, args.durable, loadgen).as_dict()
+                        rr = run_rss(target, n, args.size, args.durable or target.durable_messages,
+                                     loadgen).as_dict()
                         runs.append(rr)
                         print(f"   {name} rss {n}: {rr['overhead_bytes_per_msg']:.0f} B/msg over the "
                               f"{args.size}-byte body (per role: "
@@ -184,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                               + (f", ERRORS {rr['errors']}" if rr["errors"] else ""), file=sys.stderr, flush=True)
                     for rep in range(args.repeat):
                         for spec in specs:
-                            r = run_phase(target, spec, loadgen=loadgen).as_dict()
+                            r = run_phase(target, for_target(spec, target), loadgen=loadgen).as_dict()
                             r["repeat"] = rep
                             runs.append(r)
                             print(f"   {name} {spec.name} #{rep + 1}: {r['messages']} msgs, {r['rate']:,.0f} msg/s, "
@@ -196,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
                                   + (f", ERRORS {r['errors']}" if r["errors"] else ""), file=sys.stderr, flush=True)
                     if do_catchup and isinstance(target, OursReplicated):
                         for n in args.catchup_sizes:
-                            c = run_catchup(target, n, args.size, args.durable, loadgen=loadgen or
+                            c = run_catchup(target, n, args.size, args.durable or target.durable_messages,
+                                            loadgen=loadgen or
                                             native.try_loadgen()[0], publisher_rate=args.catchup_publisher_rate
                                             ).as_dict()
                             catchups.append(c)
@@ -205,6 +254,27 @@ def main(argv: list[str] | None = None) -> None:
                                   f"broker {c['broker_us_per_msg']:.1f} µs/msg, live publisher "
                                   f"{c['publisher_rate']:,.0f} msg/s"
                                   + (f", ERRORS {c['errors']}" if c["errors"] else ""), file=sys.stderr, flush=True)
+                    standalone_durable = type(target) is OursStandalone and target.durable
+                    if "recovery" in phases and standalone_durable and args.recovery_messages > 0:
+                        assert isinstance(target, OursStandalone)
+                        rc = run_recovery(target, args.recovery_messages, args.size,
+                                          loadgen or native.loadgen()).as_dict()
+                        recoveries.append(rc)
+                        print(f"   {name} recovery {rc['messages']:,}: journal.recovered "
+                              f"{rc['journal_seconds']:.2f} s ({rc['journal_messages']:,} messages), start to "
+                              f"management answer {rc['answer_seconds']:.2f} s, depth {rc['depth_after']:,}"
+                              + (f", ERRORS {rc['errors']}" if rc["errors"] else ""), file=sys.stderr, flush=True)
+                    if "memory" in phases and standalone_durable and args.memory_messages > 0:
+                        assert isinstance(target, OursStandalone)
+                        print(f"   {name} memory: filling {args.memory_messages:,} durable messages with "
+                              f"--max-memory {args.max_memory}", file=sys.stderr, flush=True)
+                        mr = run_memory(target, args.memory_messages, args.size, args.max_memory,
+                                        loadgen or native.loadgen()).as_dict()
+                        memories.append(mr)
+                        print(f"   {name} memory {mr['messages']:,}: peak RSS {mr['peak_rss'] / 2**20:.0f} MiB "
+                              f"(baseline {mr['baseline_rss'] / 2**20:.0f} MiB, bound {mr['bound'] / 2**20:.0f} "
+                              f"MiB), fill {mr['fill_rate']:,.0f} msg/s, depth {mr['depth_after']:,}"
+                              + (f", ERRORS {mr['errors']}" if mr["errors"] else ""), file=sys.stderr, flush=True)
             except Exception as e:
                 failures[name] = f"{type(e).__name__}: {e}"
                 traceback.print_exc()
@@ -214,12 +284,13 @@ def main(argv: list[str] | None = None) -> None:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     kinds = {n: i["kind"] for n, i in infos.items()}
-    table = report.markdown(runs, names, kinds, catchups, hop=hop_result, client=args.client)
+    table = report.markdown(runs, names, kinds, catchups, hop=hop_result, client=args.client, fsync=fsync_result,
+                            recoveries=recoveries, memories=memories)
     out = {"started": started.isoformat(), "machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v)
                                                                            for k, v in vars(args).items()},
            "client": args.client, "loadgen": str(loadgen) if loadgen else None, "hop": hop_result,
-           "targets": infos, "failures": failures, "runs": runs, "catchup": catchups,
-           "table_markdown": table}
+           "fsync": fsync_result, "targets": infos, "failures": failures, "runs": runs, "catchup": catchups,
+           "recovery": recoveries, "memory": memories, "table_markdown": table}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(out, indent=2, default=str) + "\n")

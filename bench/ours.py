@@ -1,7 +1,10 @@
-"""Our broker (`ha-broker`) as benchmark targets: standalone now, replicated (primary + N backups) as a hook.
+"""Our broker (`ha-broker`) as benchmark targets: standalone, or replicated (primary + N backups); each also as a
+durable variant (`durable=True`): its queues are created with the queue argument `{"durable": true}` (journaled under
+`--data-dir`) and every phase sends it messages with the AMQP durable header.
 
 Readiness is read from the broker's JSON event log (`broker.started` carries the listening address), so a broker
-started with `--port 0` is found without guessing ports.
+started with `--port 0` is found without guessing ports. The log is appended to across restarts of the same broker:
+`log_size()` before a restart and `wait_event(..., after=offset)` find the new process's events only.
 """
 
 from __future__ import annotations
@@ -46,14 +49,22 @@ class BrokerProc:
         with open(self.stderr_file, "ab") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
 
-    def wait_event(self, event: str, timeout: float = 30.0) -> dict[str, object]:
+    def log_size(self) -> int:
+        """Bytes in the event log so far (events of a later start come after this offset)."""
+        return self.log_file.stat().st_size if self.log_file.exists() else 0
+
+    def wait_event(self, event: str, timeout: float = 30.0, after: int = 0) -> dict[str, object]:
+        """The first `event` in the log after byte offset `after`; raises if the broker exits or after `timeout`."""
         deadline = time.monotonic() + timeout
         while True:
             if self.proc is None or self.proc.poll() is not None:
                 tail = self.stderr_file.read_text()[-2000:] if self.stderr_file.exists() else ""
                 raise RuntimeError(f"ha-broker {self.name} exited: {tail}")
             if self.log_file.exists():
-                for line in self.log_file.read_text().splitlines():
+                with open(self.log_file, "rb") as f:
+                    f.seek(after)
+                    text = f.read().decode("utf-8", "replace")
+                for line in text.splitlines():
                     if line.startswith("{") and f'"{event}"' in line:
                         with contextlib.suppress(json.JSONDecodeError):
                             ev = json.loads(line)
@@ -68,6 +79,13 @@ class BrokerProc:
             return []
         return procstat.descendants(self.proc.pid)
 
+    def kill(self) -> None:
+        """SIGKILL (no clean shutdown: the journal is what a crash leaves) and reap."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.kill()
+        self.proc.wait(30)
+
     def stop(self, timeout: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -79,23 +97,49 @@ class BrokerProc:
             self.proc.wait(10)
 
 
+def durable_name(name: str, durable: bool) -> str:
+    return f"{name}-durable" if durable else name
+
+
 class OursStandalone(Target):
-    """One `ha-broker`, no replication."""
+    """One `ha-broker`, no replication (`durable`: durable queues and durable messages)."""
 
     name = "ours"
 
-    def __init__(self, extra_args: list[str] | None = None) -> None:
+    def __init__(self, extra_args: list[str] | None = None, durable: bool = False) -> None:
         self.extra_args = list(extra_args or [])
         self.broker: BrokerProc | None = None
+        self.durable = durable
+        self.durable_messages = durable
+        self.name = durable_name("ours", durable)
 
     def start(self, workdir: Path) -> None:
-        self.broker = BrokerProc(workdir / self.name, "bench-ours", free_port(), self.extra_args)
+        self.broker = BrokerProc(workdir / self.name, f"bench-{self.name}", free_port(), self.extra_args)
         self.broker.start()
         try:
             self.broker.wait_event("broker.started")
         except Exception:
             self.broker.stop()
             raise
+
+    def restart(self, kill: bool = False, wipe: bool = False, extra: list[str] | None = None) -> int:
+        """Stop the broker (SIGKILL when `kill`, else SIGTERM), optionally wipe its data dir, start it again on the
+        same port with `extra` flags added to the target's (None: the flags of the last start). Returns at once with
+        the log offset of the new process's events (`BrokerProc.wait_event(after=...)`)."""
+        if self.broker is None:
+            raise RuntimeError(f"{self.name} is not started")
+        b = self.broker
+        if kill:
+            b.kill()
+        else:
+            b.stop()
+        if wipe:
+            shutil.rmtree(b.data_dir, ignore_errors=True)
+        if extra is not None:
+            b.extra = [*self.extra_args, *extra]
+        offset = b.log_size()
+        b.start()
+        return offset
 
     def stop(self) -> None:
         if self.broker is not None:
@@ -116,7 +160,13 @@ class OursStandalone(Target):
         from broker.client import ManagementClient
 
         with ManagementClient(self._url()) as m:
-            m.call("CREATE", "queue", queue, {})
+            m.call("CREATE", "queue", queue, {"durable": True} if self.durable else {})
+
+    def queue_depth(self, queue: str, timeout: float = 5.0) -> int:
+        from broker.client import ManagementClient
+
+        with ManagementClient(self._url(), timeout=timeout) as m:
+            return int(m.call("READ", "queue", queue).body["depth"])
 
     def delete_queue(self, queue: str, timeout: float = 5.0) -> None:
         from broker.client import ManagementClient
@@ -131,7 +181,7 @@ class OursStandalone(Target):
         from broker import __version__
 
         return TargetInfo(kind="understudy", details={"version": __version__, "replication": "none",
-                                                      "python": sys.version.split()[0]})
+                                                      "durable": self.durable, "python": sys.version.split()[0]})
 
 
 class OursReplicated(OursStandalone):
@@ -141,10 +191,10 @@ class OursReplicated(OursStandalone):
     the whole replicated set. A queue is created on the primary and the phase starts only once every backup has it.
     """
 
-    def __init__(self, backups: int, extra_args: list[str] | None = None) -> None:
-        super().__init__(extra_args)
+    def __init__(self, backups: int, extra_args: list[str] | None = None, durable: bool = False) -> None:
+        super().__init__(extra_args, durable)
         self.backups = backups
-        self.name = f"ours-replicated-{backups}"
+        self.name = durable_name(f"ours-replicated-{backups}", durable)
         self.members: list[BrokerProc] = []
 
     def start(self, workdir: Path) -> None:

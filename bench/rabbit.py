@@ -5,7 +5,8 @@ Each node gets its own RABBITMQ_* directories and ports; the epmd is private (ER
 the nodes of one cluster, so the epmd we stop is ours and nobody else's). Queues are declared over AMQP 0-9-1 with
 pika (the only way to ask for a quorum queue) and addressed over AMQP 1.0 as `/amq/queue/NAME`.
 
-`rabbit-quorum-3`: three nodes (`benchPIDn1..3@localhost`, same Erlang cookie written into each node's HOME),
+`rabbit-quorum-3` (and `rabbit-quorum-3-durable`, the same cluster sent durable messages): three nodes
+(`benchPIDn1..3@localhost`, same Erlang cookie written into each node's HOME),
 nodes 2 and 3 joined to node 1 with `rabbitmqctl stop_app / join_cluster / start_app`; the quorum queue is declared
 on node 1 with `x-quorum-initial-group-size: 3` (its leader is then on node 1) and every client connects to node 1.
 Broker CPU is the three nodes' process trees (roles node-1, node-2, node-3).
@@ -217,10 +218,11 @@ class RabbitTarget(Target):
 class RabbitCluster(Target):
     """Three RabbitMQ nodes clustered on loopback, one quorum queue replicated on all three (clients on node 1)."""
 
-    def __init__(self, size: int = 3, queue_type: str = "quorum") -> None:
+    def __init__(self, size: int = 3, queue_type: str = "quorum", durable_messages: bool = False) -> None:
         self.size = size
         self.queue_type = queue_type
-        self.name = f"rabbit-{queue_type}-{size}"
+        self.durable_messages = durable_messages  # phases send durable messages (header durable=true)
+        self.name = f"rabbit-{queue_type}-{size}" + ("-durable" if durable_messages else "")
         self.nodes: list[RabbitNode] = []
 
     def start(self, workdir: Path) -> None:
@@ -284,5 +286,6 @@ class RabbitCluster(Target):
     def info(self) -> TargetInfo:
         return TargetInfo(kind="rabbitmq", details={"version": self._first().version(), "queue_type": self.queue_type,
                                                     "nodes": self.size, "replicas": self.size,
+                                                    "durable_messages": self.durable_messages,
                                                     "protocol": "AMQP 1.0 (rabbitmq_amqp1_0)",
                                                     "clients_on": self._first().nodename})

@@ -96,14 +96,16 @@ def ratio_pairs(targets: Sequence[str], kinds: dict[str, str]) -> list[tuple[str
 
 def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict[str, str],
              catchups: Sequence[dict[str, Any]] = (), hop: dict[str, Any] | None = None,
-             client: str | None = None) -> str:
+             client: str | None = None, fsync: dict[str, Any] | None = None,
+             recoveries: Sequence[dict[str, Any]] = (), memories: Sequence[dict[str, Any]] = ()) -> str:
+    durable_part = durable_sections({}, [], fsync, recoveries, memories, client)
     if not runs:  # e.g. --phases catchup
-        if not catchups:
+        if not catchups and not recoveries and not memories:
             return "no results"
-        parts = [catchup_markdown(catchups)]
-        if hop is not None:
+        parts = [catchup_markdown(catchups)] if catchups else []
+        if hop is not None and catchups:
             parts += ["", "Goal verdicts:", "", *verdict_lines(verdicts({}, hop, catchups, client))]
-        return "\n".join(parts)
+        return "\n".join([*parts, *durable_part])
     keys = sorted({m.key for m in METRICS} | {k for _, k in LOADGEN_KEYS})
     summary = summarize(runs, keys)
     pairs = ratio_pairs(targets, kinds)
@@ -136,9 +138,13 @@ def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict
         parts += ["", rss_markdown(rss_rows)]
     if catchups:
         parts += ["", catchup_markdown(catchups)]
-    parts += ["", f"Goal verdicts (same run{f', {client} clients' if client else ''}):", "",
-              *verdict_lines(verdicts(summary, hop, catchups, client))]
-    return "\n".join(parts)
+    vs = verdicts(summary, hop, catchups, client)
+    durable_part = durable_sections(summary, present, fsync, recoveries, memories, client)
+    if durable_part and all(v.status == "not measured" for v in vs):  # a durable-only run: one line, not eleven
+        parts += ["", "Goal verdicts (Message path v2): none of their figures were measured in this run."]
+    else:
+        parts += ["", f"Goal verdicts (same run{f', {client} clients' if client else ''}):", "", *verdict_lines(vs)]
+    return "\n".join([*parts, *durable_part])
 
 
 def hop_line(hop: dict[str, Any]) -> str:
@@ -338,3 +344,182 @@ def catchup_verdicts(catchups: Sequence[dict[str, Any]]) -> list[Verdict]:
 
 def verdict_lines(vs: Sequence[Verdict]) -> list[str]:
     return [f"- {v.goal}: **{v.status}** — {v.detail}" for v in vs]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The durable store (issue 11): durable targets against their non-durable counterparts, the disk's fsync, recovery,
+# the memory bound, and the goal verdicts.
+
+DURABLE_SUFFIX = "-durable"
+#: our durable targets whose sync p50 is held against the fsync figure
+DURABLE_SYNC_TARGETS = ("ours-durable", "ours-replicated-1-durable", "ours-replicated-2-durable")
+DURABLE_PUBLISH_RATIO = 0.8
+DURABLE_SYNC_MARGIN_MS = 0.5
+DURABLE_E2E_RATIO = 1.5
+RECOVERY_GOAL_MESSAGES = 1_000_000
+RECOVERY_GOAL_SECONDS = 5.0
+MEMORY_GOAL_MESSAGES = 10_000_000
+MIB = 1024 * 1024
+
+
+def durable_pairs(targets: Sequence[str]) -> list[tuple[str, str]]:
+    """(durable target, its non-durable counterpart) for each durable target whose counterpart ran too (pure)."""
+    return [(t, t.removesuffix(DURABLE_SUFFIX)) for t in targets
+            if t.endswith(DURABLE_SUFFIX) and t.removesuffix(DURABLE_SUFFIX) in targets]
+
+
+def durable_cost_markdown(summary: dict[str, dict[str, dict[str, float]]], targets: Sequence[str]) -> str:
+    pairs = [(d, b) for d, b in durable_pairs([t for t in targets if t in summary])]
+    if not pairs:
+        return ""
+    cols = [c for pair in pairs for c in pair]
+    rows = []
+    for m in REPLICATION_METRICS:
+        vals = {t: summary[t].get(m.phase, {}).get(m.key, math.nan) for t in cols}
+        rows.append([m.label, *[_fmt(vals[t]) for t in cols], *[_fmt(stats.ratio(vals[d], vals[b])) for d, b in pairs]])
+    table = _table(["metric", *cols, *[f"{d} / {b}" for d, b in pairs]], rows)
+    return "\n".join(["Durable cost (durable queues and messages / the same target non-durable, same run):", "",
+                      table])
+
+
+def fsync_line(f: dict[str, Any]) -> str:
+    return (f"Disk (same run, the brokers' data dirs' file system {f.get('filesystem', '?')}): write + fdatasync of "
+            f"{f.get('size', '?')}-byte appends p50 {_fmt(float(f.get('p50_us', math.nan)))} µs, p99 "
+            f"{_fmt(float(f.get('p99_us', math.nan)))} µs ({f.get('samples', 0)} appends)"
+            + (f"; ERROR {f['error']}" if f.get("error") else ""))
+
+
+RECOVERY_COLUMNS = [("messages", "messages"), ("fill msg/s", "fill_rate"),
+                    ("journal.recovered, s", "journal_seconds"), ("recovered messages", "journal_messages"),
+                    ("journal MiB", "journal_mib"), ("segments", "journal_segments"),
+                    ("process start -> management answer, s", "answer_seconds"), ("depth after", "depth_after")]
+RECOVERY_INTEGER = {"messages", "journal_messages", "journal_segments", "depth_after"}
+
+
+def recovery_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    body = []
+    for r in rows:
+        r = {**r, "journal_mib": float(r.get("journal_bytes", math.nan)) / MIB}
+        body.append([r["target"], *[_fmt(_get(r, k), integer=k in RECOVERY_INTEGER) for _, k in RECOVERY_COLUMNS],
+                     "; ".join(r.get("errors") or []) or "-"])
+    return "\n".join(["Recovery (a queue filled with durable messages, all confirmed; SIGKILL; restart on the same "
+                      "data dir):", "",
+                      _table(["target", *[label for label, _ in RECOVERY_COLUMNS], "errors"], body)])
+
+
+def memory_limit(row: dict[str, Any]) -> float:
+    """The RSS a bounded broker may reach: bound + its baseline + the stated allowance (bytes) (pure)."""
+    return _get(row, "bound") + _get(row, "baseline_rss") + _get(row, "allowance")
+
+
+def memory_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    body = []
+    for r in rows:
+        mib = {k: _get(r, k) / MIB for k in ("bound", "baseline_rss", "peak_rss", "final_rss", "allowance")}
+        body.append([r["target"], _fmt(_get(r, "messages"), integer=True), _fmt(mib["bound"]),
+                     _fmt(mib["baseline_rss"]), _fmt(mib["allowance"]), _fmt(memory_limit(r) / MIB),
+                     _fmt(mib["peak_rss"]), _fmt(mib["final_rss"]), _fmt(_get(r, "fill_rate")),
+                     _fmt(_get(r, "other_outcomes"), integer=True), _fmt(_get(r, "depth_after"), integer=True),
+                     "; ".join(r.get("errors") or []) or "-"])
+    return "\n".join([f"Memory bound (durable {rows[0].get('size', '?')}-byte messages filled into one durable queue "
+                      "of a broker started with --max-memory; RSS of the broker sampled every 0.25 s; MiB):", "",
+                      _table(["target", "messages", "--max-memory", "baseline RSS", "allowance",
+                              "limit (bound + baseline + allowance)", "peak RSS", "RSS at the end", "fill msg/s",
+                              "refused", "depth after", "errors"], body)])
+
+
+def durable_sections(summary: dict[str, dict[str, dict[str, float]]], targets: Sequence[str],
+                     fsync: dict[str, Any] | None, recoveries: Sequence[dict[str, Any]],
+                     memories: Sequence[dict[str, Any]], client: str | None) -> list[str]:
+    """The durable-store part of the report; nothing when the run had no durable target or phase."""
+    durable_ran = any(t.endswith(DURABLE_SUFFIX) for t in targets) or bool(recoveries) or bool(memories)
+    if not durable_ran:
+        return []
+    parts: list[str] = []
+    cost = durable_cost_markdown(summary, targets)
+    if cost:
+        parts += ["", cost]
+    if fsync is not None:
+        parts += ["", fsync_line(fsync)]
+    if recoveries:
+        parts += ["", recovery_markdown(recoveries)]
+    if memories:
+        parts += ["", memory_markdown(memories)]
+    parts += ["", f"Goal verdicts, durable store (same run{f', {client} clients' if client else ''}):", "",
+              *verdict_lines(durable_verdicts(summary, fsync, recoveries, memories))]
+    return parts
+
+
+def durable_verdicts(summary: dict[str, dict[str, dict[str, float]]], fsync: dict[str, Any] | None,
+                     recoveries: Sequence[dict[str, Any]] = (), memories: Sequence[dict[str, Any]] = ()
+                     ) -> list[Verdict]:
+    """The goals of "Durable store" (issue 11), each met / NOT met with its numbers, or not measured."""
+    out = [_ratio_goal(f"durable confirmed publish >= {DURABLE_PUBLISH_RATIO:g}x non-durable, 1 backup", summary,
+                       "ours-replicated-1-durable", "ours-replicated-1", "publish", "rate", DURABLE_PUBLISH_RATIO,
+                       True, "msg/s")]
+    out += durable_sync_verdicts(summary, fsync)
+    out.append(_ratio_goal(f"durable, primary + 2 backups, e2e >= {DURABLE_E2E_RATIO:g}x rabbit-quorum-3 "
+                           "(durable messages)", summary, "ours-replicated-2-durable", "rabbit-quorum-3-durable",
+                           "e2e", "rate", DURABLE_E2E_RATIO, True, "msg/s"))
+    out += recovery_verdicts(recoveries)
+    out += memory_verdicts(memories)
+    return out
+
+
+def durable_sync_verdicts(summary: dict[str, dict[str, dict[str, float]]], fsync: dict[str, Any] | None
+                          ) -> list[Verdict]:
+    fs_ms = float((fsync or {}).get("p50_us", math.nan)) / 1e3
+    measured = [t for t in DURABLE_SYNC_TARGETS if not math.isnan(_val(summary, t, "latency", "latency_ms.p50"))]
+    out = []
+    for t in measured or DURABLE_SYNC_TARGETS[:1]:
+        goal = f"{t} sync p50 <= fsync p50 + {DURABLE_SYNC_MARGIN_MS:g} ms"
+        v = _val(summary, t, "latency", "latency_ms.p50")
+        if math.isnan(v) or math.isnan(fs_ms):
+            out.append(_verdict(goal, None, f"no {'fsync' if math.isnan(fs_ms) else 'sync p50'} figure for "
+                                            f"{'the disk' if math.isnan(fs_ms) else t}"))
+            continue
+        bound = fs_ms + DURABLE_SYNC_MARGIN_MS
+        out.append(_verdict(goal, v <= bound, f"{v:.3f} ms vs {fs_ms:.3f} + {DURABLE_SYNC_MARGIN_MS:g} = "
+                                              f"{bound:.3f} ms"))
+    return out
+
+
+def recovery_verdicts(recoveries: Sequence[dict[str, Any]]) -> list[Verdict]:
+    goal = f"recovery of {RECOVERY_GOAL_MESSAGES:,} durable messages <= {RECOVERY_GOAL_SECONDS:g} s"
+    rows = [r for r in recoveries if int(r.get("messages") or 0) >= RECOVERY_GOAL_MESSAGES]
+    if not rows:
+        seen = ", ".join(f"{r['target']} {int(r.get('messages') or 0):,} in {_fmt(_get(r, 'journal_seconds'))} s"
+                         for r in recoveries)
+        return [_verdict(goal, None, f"no recovery of {RECOVERY_GOAL_MESSAGES:,} in this run"
+                                    + (f" (measured: {seen})" if seen else ""))]
+    out = []
+    for r in rows:
+        sec, answer, err = _get(r, "journal_seconds"), _get(r, "answer_seconds"), r.get("errors") or []
+        ok = None if math.isnan(sec) else (sec <= RECOVERY_GOAL_SECONDS and not err)
+        out.append(_verdict(f"{r['target']}: {goal}", ok,
+                            f"journal.recovered {_fmt(sec)} s for {int(r.get('journal_messages') or 0):,} messages; "
+                            f"process start to management answer {_fmt(answer)} s"
+                            + (f"; errors: {'; '.join(err)}" if err else "")))
+    return out
+
+
+def memory_verdicts(memories: Sequence[dict[str, Any]]) -> list[Verdict]:
+    """Peak RSS <= bound + baseline + allowance, with every wanted message accepted; the goal needs 10M queued."""
+    goal = f"memory bounded with {MEMORY_GOAL_MESSAGES:,} queued (peak RSS <= --max-memory + baseline + allowance)"
+    if not memories:
+        return [_verdict(goal, None, "no memory phase in this run (--preset full or durable, or --phases memory)")]
+    out = []
+    for r in memories:
+        peak, limit = _get(r, "peak_rss"), memory_limit(r)
+        n, wanted, err = int(r.get("messages") or 0), int(r.get("wanted") or 0), r.get("errors") or []
+        detail = (f"peak {_fmt(peak / MIB)} MiB vs {_fmt(_get(r, 'bound') / MIB)} + "
+                  f"{_fmt(_get(r, 'baseline_rss') / MIB)} + {_fmt(_get(r, 'allowance') / MIB)} = "
+                  f"{_fmt(limit / MIB)} MiB with {n:,} of {wanted:,} queued, fill {_fmt(_get(r, 'fill_rate'))} msg/s"
+                  + (f"; errors: {'; '.join(err)}" if err else ""))
+        bounded = not math.isnan(peak) and peak <= limit
+        if n < MEMORY_GOAL_MESSAGES and wanted < MEMORY_GOAL_MESSAGES:
+            out.append(_verdict(goal, None, f"only {wanted:,} asked for ({'bounded' if bounded else 'NOT bounded'}"
+                                            f" there): {detail}"))
+            continue
+        out.append(_verdict(f"{r['target']}: {goal}", bounded and n >= wanted and not err, detail))
+    return out

@@ -20,6 +20,14 @@ SCENARIOS: dict[str, Callable[[], Target]] = {
     "rabbit-quorum": lambda: RabbitTarget("quorum"),
     # three clustered nodes, one quorum queue with 3 replicas (clients on node 1)
     "rabbit-quorum-3": lambda: RabbitCluster(3, "quorum"),
+    # durable store (issue 11): durable queues (journaled under --data-dir) and durable messages in every phase
+    "ours-durable": lambda: OursStandalone(durable=True),
+    "ours-replicated-1-durable": lambda: OursReplicated(1, durable=True),
+    "ours-replicated-2-durable": lambda: OursReplicated(2, durable=True),
+    "rabbit-quorum-3-durable": lambda: RabbitCluster(3, "quorum", durable_messages=True),
 }
 DEFAULT = ["ours", "ours-replicated-1", "ours-replicated-2", "proton-c-broker", "rabbit-classic", "rabbit-quorum-3"]
+#: the targets of the durable-store goals (`--preset durable`): the durable variants plus the non-durable reference
+DURABLE = ["ours-replicated-1", "ours-replicated-1-durable", "ours-durable", "ours-replicated-2-durable",
+           "rabbit-quorum-3-durable"]
 BASELINE = "rabbit-classic"

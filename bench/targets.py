@@ -45,6 +45,8 @@ class Target(abc.ABC):
     name: str = "target"
     #: the target the others are compared with in the ratio table is marked with `baseline = True`
     baseline: bool = False
+    #: every phase sends durable messages (AMQP header durable=true) to this target, whatever `--durable` says
+    durable_messages: bool = False
 
     @abc.abstractmethod
     def start(self, workdir: Path) -> None: ...

@@ -42,6 +42,7 @@ def test_encoded_message_decodes_with_the_body_stamped_first(loadgen: Path, size
                          capture_output=True, check=True, timeout=10).stdout
     m = Message()
     m.decode(raw)
+    assert isinstance(m.body, bytes | memoryview), type(m.body)
     body = bytes(m.body)
     assert len(body) == size and m.durable is durable
     stamp = int.from_bytes(body[:8], "little")

@@ -1,0 +1,70 @@
+"""The disk's write+fdatasync latency, measured once per run on the disk that holds the brokers' data dirs.
+
+What the journal does per commit (broker/store/journal.py): an `O_APPEND` write to a segment file that grows (no
+preallocation), then `fdatasync`. Here: the same on a fresh file in the bench's work directory (the parent of every
+broker's `--data-dir`), `count` times with `size` bytes each after a warm-up; the figure is the median of write +
+fdatasync. Python's own cost per call (a few µs) is in it and is small against a flush to the device. It prices the
+durable sync-latency goal: a durable message with one in flight waits for one such commit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import stats
+
+WARMUP = 50
+
+
+def summarize(samples_us: list[float], path: str, size: int, filesystem: str) -> dict[str, Any]:
+    """write+fdatasync samples (µs) -> p50/p99/mean (pure)."""
+    if not samples_us:
+        return {"samples": 0, "size": size, "path": path, "filesystem": filesystem, "p50_us": float("nan"),
+                "p99_us": float("nan"), "mean_us": float("nan"), "error": "no samples"}
+    return {"samples": len(samples_us), "size": size, "path": path, "filesystem": filesystem,
+            "p50_us": stats.percentile(samples_us, 50), "p99_us": stats.percentile(samples_us, 99),
+            "mean_us": sum(samples_us) / len(samples_us), "error": None}
+
+
+def mount_of(path: str, mounts_text: str) -> str:
+    """'device fstype on mountpoint' of the longest mount point containing `path`, from /proc/mounts text (pure)."""
+    best: tuple[int, str] = (-1, "?")
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        dev, mnt, fstype = parts[0], parts[1].replace("\\040", " "), parts[2]
+        inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+        if inside and len(mnt) > best[0]:
+            best = (len(mnt), f"{dev} {fstype} on {mnt}")
+    return best[1]
+
+
+def measure(directory: Path, count: int = 2000, size: int = 256) -> dict[str, Any]:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fsync-probe.bin"
+    try:
+        filesystem = mount_of(str(path.resolve()), Path("/proc/mounts").read_text())
+    except OSError:
+        filesystem = "?"
+    data = b"\xa5" * size
+    samples: list[float] = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        for i in range(WARMUP + count):
+            t0 = time.perf_counter()
+            os.write(fd, data)
+            os.fdatasync(fd)
+            if i >= WARMUP:
+                samples.append((time.perf_counter() - t0) * 1e6)
+    except OSError as e:
+        out = summarize(samples, str(path), size, filesystem)
+        out["error"] = f"{type(e).__name__}: {e}"
+        return out
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return summarize(samples, str(path), size, filesystem)
