@@ -399,6 +399,22 @@ class Standing:
         return cls(unquote(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), view)
 
 
+def standing_from(data: object, name: str) -> Standing:
+    """A ``joining`` broker's STATUS answer (epoch, position, ready_epoch, ready_view) as its standing."""
+    if not isinstance(data, dict):
+        raise ValueError(f"unexpected status answer: not an object: {str(data)[:200]!r}")
+    try:
+        return Standing(
+            str(data.get("name") or name),
+            int(data["epoch"]),
+            int(data["position"]),
+            int(data.get("ready_epoch") or 0),
+            ReadyView.from_json(data.get("ready_view")),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"unexpected status answer: {exc!r}: {str(data)[:200]!r}") from exc
+
+
 def decode_standings(raw: Mapping[str, str]) -> dict[str, Standing]:
     """Published standings by node, dropping unreadable ones."""
     out: dict[str, Standing] = {}

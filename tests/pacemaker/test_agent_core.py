@@ -247,3 +247,62 @@ def test_broker_command_starts_a_backup_with_the_contract_flags() -> None:
         assert part in joined
     assert cmd[-2:] == ["--ha-heartbeat", "1"]
     assert core.admin_socket({**GOOD, "admin_socket": "/run/u.sock"}) == "/run/u.sock"
+
+
+# ---- whole-cluster restart (the newest store) ------------------------------------------------------------------
+
+
+def _standings() -> dict[str, core.Standing]:
+    v_new = core.ReadyView(3, 6, "b1", frozenset({"b2"}))  # b3 was dropped in list 6
+    v_old = core.ReadyView(3, 5, "b1", frozenset({"b2", "b3"}))
+    return {
+        "n1": core.Standing("b1", 3, 120, 3, v_new),
+        "n2": core.Standing("b2", 3, 118, 3, v_new),
+        "n3": core.Standing("b3", 3, 200, 3, v_old),
+    }
+
+
+JOINING = backup("joining", epoch=3, position=100)
+
+
+def test_after_a_whole_cluster_outage_only_the_node_of_the_newest_store_gets_a_score() -> None:
+    published = {n: JOINING for n in ("n1", "n2", "n3")}
+    scores = {}
+    for node in ("n1", "n2", "n3"):
+        r = core.whole_cluster_restart(node, JOINING, published, _standings(), expected=3)
+        assert r is not None and r.winner_node == "n1"
+        scores[node] = core.promotion_score(node, JOINING, published, r)
+    assert scores == {"n1": core.NEWEST_STORE_SCORE, "n2": None, "n3": None}
+
+
+def test_while_a_node_has_not_published_its_standing_nobody_gets_a_score_or_is_promoted() -> None:
+    standings = {n: s for n, s in _standings().items() if n != "n1"}
+    published = {"n2": JOINING, "n3": JOINING}
+    r = core.whole_cluster_restart("n3", JOINING, published, standings, expected=3)
+    assert r is not None and r.decision.action is core.RestartAction.WAIT
+    assert core.promotion_score("n3", JOINING, published, r) is None
+    d = core.decide_promote("n3", JOINING, published, r)
+    assert d.action is PromoteAction.REFUSE and "waiting" in d.reason
+
+
+def test_the_promote_of_the_newest_store_says_so_and_another_node_aborts_for_it() -> None:
+    published = {n: JOINING for n in ("n1", "n2", "n3")}
+    r = core.whole_cluster_restart("n1", JOINING, published, _standings(), expected=3)
+    d = core.decide_promote("n1", JOINING, published, r)
+    assert (d.action, d.newest_store, d.force, d.epoch) == (PromoteAction.PROMOTE, True, False, 4)
+    other = core.decide_promote("n3", JOINING, published, r)
+    assert other.action is PromoteAction.ABORT_FOR_BETTER and other.better_node == "n1"
+
+
+def test_no_restart_rule_while_a_broker_serves() -> None:
+    published = {"n1": PRIMARY, "n2": JOINING}
+    assert core.whole_cluster_restart("n2", JOINING, published, _standings(), expected=3) is None
+    assert core.whole_cluster_restart("n2", backup("ready"), {}, _standings(), expected=3) is None
+
+
+def test_a_joining_brokers_status_gives_its_standing() -> None:
+    s = core.standing_from({"name": "b2", "epoch": 3, "position": 7, "ready_epoch": 3,
+                            "ready_view": {"epoch": 3, "seq": 2, "primary": "b1", "ready": ["b2"]}}, "node2")
+    assert s == core.Standing("b2", 3, 7, 3, core.ReadyView(3, 2, "b1", frozenset({"b2"})))
+    with pytest.raises(ValueError, match="unexpected status answer"):
+        core.standing_from({"epoch": "x"}, "node2")
