@@ -14,7 +14,7 @@ from broker.errors import LinkError
 from broker.links import ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.management_link import ManagementLink
 from broker.queue import Queue
-from broker.terminus import binding_key_from_filter, node_properties
+from broker.terminus import binding_key_from_filter, node_properties, refuse_filters
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -30,6 +30,10 @@ class Attacher:
         self.wiring = server.wiring
 
     def attach(self, link: Link, st: ConnectionState) -> LinkHandler:
+        if link.is_receiver and link.remote_target.type == Terminus.COORDINATOR:
+            # Not an anonymous relay (its address is null too): a client declaring a transaction must hear that
+            # transactions are not there, not get a link whose transfers fail for a missing `to`.
+            raise LinkError("amqp:not-implemented", "transactions are not supported: a coordinator link is refused")
         _copy_terminus(link)
         terminus = link.remote_target if link.is_receiver else link.remote_source
         address = terminus.address
@@ -63,10 +67,12 @@ class Attacher:
         """The peer receives from us."""
         source = link.remote_source
         if address == EVENTS:
+            refuse_filters(source.filter, f"the event stream {EVENTS}")
             h = EventsLink(self.server, link, st)
             self.server.events_links.add(h)
             return h
         if source.dynamic:
+            refuse_filters(source.filter, "a dynamic queue")
             q = self._temp_queue(source.properties)
             link.source.address = q.name
             return self.consumer(link, st, q, browse=False)
@@ -74,6 +80,7 @@ class Attacher:
             raise LinkError("amqp:invalid-field", "a receiving link needs a source address")
         if address in self.wiring.exchanges:
             return self._subscribe_exchange(link, st, address)
+        refuse_filters(source.filter, f"queue {address!r}")  # before auto-create: a refused attach creates nothing
         found = self.wiring.queues.get(address)
         if found is None:
             found = self._auto_create(address, source.properties)
@@ -95,7 +102,7 @@ class Attacher:
 
     def _subscribe_exchange(self, link: Any, st: ConnectionState, exchange: str) -> ConsumerLink:
         ex = self.wiring.exchange(exchange)
-        key = binding_key_from_filter(link.remote_source.filter)
+        key = binding_key_from_filter(link.remote_source.filter, exchange)
         if key is None:
             key = "#" if ex.type == "topic" else ""
         q = self._temp_queue(None)

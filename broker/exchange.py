@@ -87,6 +87,17 @@ class Exchange:
         self.routed = 0
         self.unrouted = 0
 
+    @property
+    def alternate(self) -> str | None:
+        """Where a message no binding matches goes instead (`alternate-exchange`), if anywhere."""
+        alt = self.arguments.get("alternate-exchange")
+        return alt if isinstance(alt, str) else None
+
+    @property
+    def auto_delete(self) -> bool:
+        """Deleted when its last binding is removed (`auto-delete`)."""
+        return self.arguments.get("auto-delete") is True
+
     def bind(self, b: Binding) -> None:
         self.bindings[b.ident] = b
         self._direct.setdefault(b.key, set()).add(b.queue)

@@ -28,12 +28,7 @@ class Router:
         self.store = server.store
 
     def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
-        ex = self.wiring.exchanges[exchange]
-        names = ex.route(subject)
-        if names:
-            ex.routed += 1
-        else:
-            ex.unrouted += 1
+        names = self.wiring.route(exchange, subject)  # with the exchange's alternate-exchange
         qs = self.wiring.queues
         return [qs[n] for n in names if n in qs]
 

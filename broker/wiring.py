@@ -63,6 +63,10 @@ class Wiring:
         self.seq = 0
         self.observers: list[WiringObserver] = []
         self.queue_observer_factories: list[Any] = []  # callables(queue) -> QueueObserver | None
+        # True while this broker mirrors a primary's wiring (an HA backup): then an auto-delete exchange is not
+        # deleted here when its last binding goes; the primary decides (its bindings to queues that do not
+        # replicate are not mirrored) and its "deleted" event replicates.
+        self.mirroring = False
 
     # ----- events -----------------------------------------------------------------------------------------------
     def _emit(self, kind: str, type_: str, name: str, attributes: dict[str, Any]) -> WiringEvent:
@@ -128,7 +132,7 @@ class Wiring:
 
     def delete_queue(self, name: str) -> Queue:
         q = self.queue(name)
-        for ex in self.exchanges.values():
+        for ex in list(self.exchanges.values()):  # an auto-delete exchange may go with its last binding
             for ident in [k for k in ex.bindings if k.queue == name]:
                 self.unbind(ident.exchange, ident.queue, ident.key)
         del self.queues[name]
@@ -159,6 +163,8 @@ class Wiring:
             args = normalize(arguments, EXCHANGE_ARGUMENTS)
         except BadArgument as e:
             raise InvalidRequest(str(e)) from None
+        if args.get("alternate-exchange") == name:
+            raise InvalidRequest(f"alternate-exchange: exchange {name!r} cannot be its own alternate")
         existing = self.exchanges.get(name)
         if existing is not None:
             if existing.type != type_ or (arguments is not None and args and existing.arguments != args):
@@ -178,7 +184,7 @@ class Wiring:
     def delete_exchange(self, name: str) -> Exchange:
         ex = self.exchange(name)
         for ident in list(ex.bindings):
-            self.unbind(ident.exchange, ident.queue, ident.key)
+            self._unbind(ex, ident, auto_delete=False)
         del self.exchanges[name]
         self._emit("deleted", "exchange", name, {"uuid": ex.uuid})
         return ex
@@ -211,12 +217,38 @@ class Wiring:
         return b, True
 
     def unbind(self, exchange: str, queue: str, key: str) -> Binding:
-        ex = self.exchange(exchange)
-        b = ex.unbind(BindingKey(exchange, queue, key))
+        """Remove a binding; an auto-delete exchange goes with its last one (not while mirroring a primary)."""
+        return self._unbind(self.exchange(exchange), BindingKey(exchange, queue, key), auto_delete=True)
+
+    def _unbind(self, ex: Exchange, ident: BindingKey, auto_delete: bool) -> Binding:
+        b = ex.unbind(ident)
         if b is None:
-            raise NotFound(f"binding {exchange}|{queue}|{key} not found")
+            raise NotFound(f"binding {ident.exchange}|{ident.queue}|{ident.key} not found")
         self._emit("unbound", "binding", b.name, self.binding_attributes(b))
+        if auto_delete and ex.auto_delete and not ex.bindings and not self.mirroring \
+                and self.exchanges.get(ex.name) is ex:
+            self.delete_exchange(ex.name)
         return b
+
+    # ----- routing ----------------------------------------------------------------------------------------------
+    def route(self, exchange: str, subject: str | None) -> tuple[str, ...]:
+        """Names of the queues a message sent to `exchange` with this subject goes to. When no binding of an
+        exchange matches, the message goes through its `alternate-exchange` (if that exists), and so on down the
+        chain; each exchange is tried once (a cycle ends unrouted). Counts `routed` on the exchange that routed it
+        and `unrouted` on each one that did not."""
+        ex = self.exchanges[exchange]
+        tried = {exchange}
+        while True:
+            names = ex.route(subject)
+            if names:
+                ex.routed += 1
+                return names
+            ex.unrouted += 1
+            alt = ex.alternate
+            if alt is None or alt in tried or alt not in self.exchanges:
+                return ()
+            tried.add(alt)
+            ex = self.exchanges[alt]
 
     def bindings(self) -> list[Binding]:
         return [b for ex in self.exchanges.values() for b in ex.bindings.values()]
