@@ -1,7 +1,8 @@
-"""The event-log contract the lag report reads (docs/events.md), as data.
+"""What the lag report reads from the event logs, derived from the event catalogue (broker/events.py).
 
-Every field is parsed as a JSON *string* first and converted with ``try_cast`` afterwards, so a value of the wrong
-type makes one field invalid (counted as "missing field") instead of making Spark drop or fail the whole line.
+The catalogue gives the known event names and the type of every field; this module picks the fields the report
+reads and the ones each event needs. The reader type-checks exactly these fields (a field the report does not read
+is never looked at, so the schema can grow without breaking old reports).
 """
 
 from __future__ import annotations
@@ -9,81 +10,26 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
+from broker import events as catalogue
+
+KNOWN_EVENTS: Final = catalogue.NAMES
+
 COMMON_FIELDS: Final = ("ts", "level", "event", "broker")
+# Extra fields the report reads; their types come from the catalogue.
+READ_FIELDS: Final = (
+    "queue", "backup", "primary", "role", "from_state", "to_state", "reason", "timed_out",
+    "lag_ms", "enqueue_ts", "ack_ts", "sample_rate", "seconds", "waited_seconds", "first_ts", "last_ts",
+    "backlog", "epoch", "messages", "forced",
+)
 
-# Extra fields the report uses, by their documented type. Unknown fields are ignored (the schema only grows).
-STRING_FIELDS: Final = (
-    "queue",
-    "backup",
-    "primary",
-    "role",
-    "from_state",
-    "to_state",
-    "reason",
-    "address",
-    "timed_out",
-    "expected_backups",
-)
-DOUBLE_FIELDS: Final = (
-    "lag_ms",
-    "enqueue_ts",
-    "ack_ts",
-    "sample_rate",
-    "seconds",
-    "waited_seconds",
-    "first_ts",
-    "last_ts",
-)
-LONG_FIELDS: Final = ("position", "backlog", "epoch", "messages", "count")
-BOOLEAN_FIELDS: Final = ("forced",)
-ALL_FIELDS: Final = COMMON_FIELDS + STRING_FIELDS + DOUBLE_FIELDS + LONG_FIELDS + BOOLEAN_FIELDS
-CORRUPT_COLUMN: Final = "_corrupt_record"
 
-BROKER_EVENTS: Final = frozenset(
-    {
-        "broker.started",
-        "broker.stopping",
-        "broker.stopped",
-        "broker.config.invalid",
-        "connection.opened",
-        "connection.closed",
-        "connection.refused",
-        "link.refused",
-        "message.rejected",
-        "wiring.declared",
-        "wiring.deleted",
-        "wiring.bound",
-        "wiring.unbound",
-        "management.request",
-        "queue.expired",
-        "client.settled",
-        "connection.accept_failed",
-    }
-)
-HA_EVENTS: Final = frozenset(
-    {
-        "ha.state",
-        "ha.state.illegal",
-        "ha.membership",
-        "ha.primary.connected",
-        "ha.primary.lost",
-        "ha.backup.connected",
-        "ha.backup.lost",
-        "ha.backup.ready",
-        "ha.catchup.start",
-        "ha.catchup.end",
-        "ha.promoted",
-        "ha.active",
-        "ha.demoted",
-        "ha.guard.timeout",
-        "ha.epoch.refused",
-        "ha.lag",
-    }
-)
-KNOWN_EVENTS: Final = BROKER_EVENTS | HA_EVENTS
+def field_type(name: str) -> catalogue.Type:
+    """The catalogue's type of a common or extra field."""
+    return catalogue.field(name).type
 
-# Fields an event must carry (valid, after conversion) for the report to use it. ``ha.lag`` needs a lag, which is
-# ``lag_ms`` or, when that is absent, ``(ack_ts - enqueue_ts) * 1000``; that rule lives in reader.py.
+
+# Fields an event must carry (present, not null, of its type) for the report to use it. ``ha.lag`` also needs a
+# lag: ``lag_ms`` or, when that is absent, both ``enqueue_ts`` and ``ack_ts``; that rule lives in reader.py.
 REQUIRED: Final[dict[str, tuple[str, ...]]] = {
     "ha.lag": ("queue", "backup"),
     "ha.catchup.start": ("queue", "backup"),
@@ -101,12 +47,12 @@ class Quality(StrEnum):
     """What the reader decided about one input line (counted in the report's input-quality table)."""
 
     OK = "ok"
-    MALFORMED = "malformed_json"  # not a JSON object
-    MISSING_COMMON = "missing_common_field"  # no event/broker, or ts absent or not ISO 8601
+    MALFORMED = "malformed_json"  # not one JSON object
+    MISSING_COMMON = "missing_common_field"  # no event/broker, or ts absent or not ISO 8601 with a zone
     UNKNOWN_EVENT = "unknown_event"
-    MISSING_FIELD = "missing_field"  # a required field absent or of the wrong type
+    MISSING_FIELD = "missing_field"  # a needed field absent, or a read field of the wrong type
     NEGATIVE_LAG = "negative_lag"  # clock step between enqueue and ack: excluded from the lag statistics
-    OUT_OF_RANGE = "outside_date_range"  # valid, but not in [--date, --until]: skipped, not an error
+    OUT_OF_RANGE = "outside_date_range"  # ts not in [--date, --until]: skipped, not an error
 
 
 BAD_QUALITIES: Final = (

@@ -1,9 +1,16 @@
-"""Aggregations over classified events (reader.classify): lag table, catch-up episodes, states, input quality.
+"""Aggregations over classified events (reader.classify): the digest, lag table, catch-up episodes, states, input
+quality.
+
+The input is read once: ``digest`` aggregates every line into what the report needs (counts per quality, event
+and bad file; valid lag samples per distinct lag value; the few other valid events whole), and everything else is
+computed from the cached digest, which is small whatever the input size (its lag part has at most one row per
+broker, hour, queue, backup and distinct lag value).
 
 Percentiles are exact and weighted: within a group, pX is the smallest lag ``v`` such that the samples with lag <= v
 carry at least X% of the group's weight, where a sample's weight is ``1 / sample_rate`` (1 when absent). With all
-weights 1 this is numpy's ``percentile(method="inverted_cdf")``. They are computed with a sorted window per group,
-which Spark spills to disk, so memory does not grow with the input.
+weights 1 this is numpy's ``percentile(method="inverted_cdf")``. They are computed with a sorted window per group
+over the digest's distinct lag values (each carrying the summed weight of its samples), which Spark spills to disk,
+so memory does not grow with the input.
 """
 
 from __future__ import annotations
@@ -21,15 +28,66 @@ PERCENTILE_METHOD: Final = (
     "exact weighted percentiles (inverted CDF; each sample weighted by 1/sample_rate), "
     "equal to numpy.percentile(method='inverted_cdf', weights=1/sample_rate)"
 )
+# Fields of the valid events other than ha.lag that the catch-up, state and failover tables read.
+RARE_FIELDS: Final = (
+    "ts", "queue", "backup", "primary", "role", "from_state", "to_state", "reason", "timed_out", "seconds",
+    "waited_seconds", "first_ts", "last_ts", "epoch", "messages", "forced",
+)
+_OK, _OUT = Quality.OK.value, Quality.OUT_OF_RANGE.value
+
+
+def digest(events: DataFrame) -> DataFrame:
+    """One aggregation over every classified line (one scan of the input).
+
+    Rows of three kinds, told apart by which columns are set:
+    - ``lag`` set: valid ``ha.lag`` samples of one (broker, hour, queue, backup, lag value): ``lines``, summed
+      ``weight``, ``backlog`` peak;
+    - ``rare`` set: one other valid event, whole (a struct of ``RARE_FIELDS``);
+    - neither: a count of lines per (quality, event), per ``file`` for bad lines.
+    Every row has ``quality``, ``event`` and ``lines``; ``last_ts`` is the latest ``ts`` of its valid lines.
+    """
+    ok = F.col("quality") == _OK
+    bad = ~F.col("quality").isin(_OK, _OUT)
+    is_lag = ok & (F.col("event") == "ha.lag")
+    is_rare = ok & (F.col("event") != "ha.lag")
+    return (
+        events.withColumn("row_id", F.monotonically_increasing_id())  # keeps identical rare lines apart
+        .groupBy(
+            "quality",
+            "event",
+            F.when(bad, F.col("file")).alias("file"),
+            F.when(ok, F.col("broker")).alias("broker"),
+            *[F.when(is_lag, F.col(c)).alias(c) for c in (*LAG_KEYS, "lag")],
+            F.when(is_rare, F.struct("row_id", *RARE_FIELDS)).alias("rare"),
+        )
+        .agg(
+            F.count(F.lit(1)).alias("lines"),
+            F.sum(F.when(is_lag, F.col("weight"))).alias("weight"),
+            F.max(F.when(is_lag, F.col("backlog"))).alias("backlog"),
+            F.max(F.when(ok, F.col("ts"))).alias("last_ts"),
+        )
+    )
+
+
+def rare_events(digest: DataFrame) -> DataFrame:
+    """The valid events other than ha.lag, one row each, with the columns ``ok_events`` callers read."""
+    return digest.where(F.col("rare").isNotNull()).select(
+        F.lit(_OK).alias("quality"), "event", "broker", *[F.col(f"rare.{c}").alias(c) for c in RARE_FIELDS]
+    )
+
+
+def last_seen(digest: DataFrame) -> DataFrame:
+    """Per broker, the ts of its last valid event in range."""
+    return digest.where(F.col("broker").isNotNull()).groupBy("broker").agg(F.max("last_ts").alias("last_seen"))
 
 
 def ok_events(events: DataFrame, *names: str) -> DataFrame:
-    return events.where((F.col("quality") == Quality.OK.value) & F.col("event").isin(*names))
+    return events.where((F.col("quality") == _OK) & F.col("event").isin(*names))
 
 
-def lag_hourly(events: DataFrame) -> DataFrame:
+def lag_hourly(digest: DataFrame) -> DataFrame:
     """Per (hour, queue, backup): samples, estimated acks, weighted p50/p95/p99, max and mean lag, backlog peak."""
-    samples = ok_events(events, "ha.lag").select(*LAG_KEYS, "lag", "weight", "backlog")
+    samples = digest.where(F.col("lag").isNotNull()).select(*LAG_KEYS, "lag", "lines", "weight", "backlog")
     group = Window.partitionBy(*LAG_KEYS)
     running = group.orderBy("lag").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     ranked = samples.withColumn("cdf", F.sum("weight").over(running) / F.sum("weight").over(group))
@@ -37,7 +95,7 @@ def lag_hourly(events: DataFrame) -> DataFrame:
     return (
         ranked.groupBy(*LAG_KEYS)
         .agg(
-            F.count(F.lit(1)).alias("samples"),
+            F.sum("lines").alias("samples"),
             F.round(F.sum("weight")).cast("long").alias("acks_estimated"),
             *percentiles,
             F.max("lag").alias("max_ms"),
@@ -101,17 +159,13 @@ def catchup_episodes(events: DataFrame) -> DataFrame:
     )
 
 
-def state_timeline(events: DataFrame) -> DataFrame:
+def state_timeline(events: DataFrame, last_seen: DataFrame) -> DataFrame:
     """Per broker, each ha.state transition and how long the state it entered lasted (until the next one, or
-    until the broker's last event in range)."""
+    until the broker's last event in range: ``last_seen``, a crashed broker logs no final transition)."""
     states = ok_events(events, "ha.state").select(
         "broker", F.col("ts").alias("since"), "from_state", "to_state", "role", "epoch", "reason"
     )
     per_broker = Window.partitionBy("broker").orderBy("since")
-    # The last state lasts until the broker's last log line in range (a crashed broker logs no final transition).
-    last_seen = (
-        events.where(F.col("quality") == Quality.OK.value).groupBy("broker").agg(F.max("ts").alias("last_seen"))
-    )
     until = F.coalesce(F.lead("since").over(per_broker), F.col("last_seen"))
     return (
         states.join(last_seen, "broker", "left")
@@ -122,16 +176,21 @@ def state_timeline(events: DataFrame) -> DataFrame:
     )
 
 
-def input_quality(events: DataFrame) -> DataFrame:
+def input_quality(digest: DataFrame) -> DataFrame:
     """Line counts per (quality, event); event is null for lines that had none."""
-    return events.groupBy("quality", "event").agg(F.count(F.lit(1)).alias("lines")).orderBy("quality", "event")
-
-
-def bad_files(events: DataFrame, limit: int = 10) -> DataFrame:
-    """Files holding the most bad lines (malformed JSON, missing fields, unknown events, negative lag)."""
-    bad = events.where(~F.col("quality").isin(Quality.OK.value, Quality.OUT_OF_RANGE.value))
     return (
-        bad.groupBy("file").agg(F.count(F.lit(1)).alias("bad_lines")).orderBy(F.desc("bad_lines")).limit(limit)
+        digest.groupBy("quality", "event").agg(F.sum("lines").alias("lines")).orderBy("quality", "event")
+    )
+
+
+def bad_files(digest: DataFrame, limit: int = 10) -> DataFrame:
+    """Files holding the most bad lines (malformed JSON, missing fields, unknown events, negative lag)."""
+    return (
+        digest.where(F.col("file").isNotNull())
+        .groupBy("file")
+        .agg(F.sum("lines").alias("bad_lines"))
+        .orderBy(F.desc("bad_lines"), "file")
+        .limit(limit)
     )
 
 

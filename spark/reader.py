@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from broker import events as catalogue
 from spark import events
 from spark.events import Quality
 
@@ -28,10 +29,36 @@ PARTITION_COLUMN = "date"
 # late flush): read one extra day each side and filter on ``ts`` exactly.
 PARTITION_MARGIN = dt.timedelta(days=1)
 
-_RAW_SCHEMA = T.StructType(
-    [T.StructField(name, T.StringType()) for name in events.ALL_FIELDS]
-    + [T.StructField(events.CORRUPT_COLUMN, T.StringType())]
+_SPARK_TYPES: dict[catalogue.Type, T.DataType] = {
+    catalogue.Type.STRING: T.StringType(),
+    catalogue.Type.INT: T.LongType(),
+    catalogue.Type.FLOAT: T.DoubleType(),
+    catalogue.Type.BOOL: T.BooleanType(),
+    catalogue.Type.LIST: T.StringType(),  # kept as its JSON text
+    catalogue.Type.OBJECT: T.StringType(),
+}
+# The one parse of every line: the fields the report reads, typed as the catalogue says, so that Jackson checks the
+# types (a string where a number belongs, a fraction where an integer belongs, anything but true/false for a
+# boolean). Each line is parsed as the JSON array "[line]": Spark reads only the first JSON value of a string, so
+# this is how text after the object (or a second object) makes the line fail instead of being ignored.
+FIELDS = T.StructType(
+    [T.StructField(name, T.StringType()) for name in ("ts", "event", "broker")]
+    + [T.StructField(name, _SPARK_TYPES[events.field_type(name)]) for name in events.READ_FIELDS]
 )
+LINE_SCHEMA = T.ArrayType(FIELDS)
+# For the few lines that fail: the common fields only, as text (to tell a well-formed object with a read field of
+# the wrong type, classified by its common fields, from malformed JSON).
+COMMON_LINE_SCHEMA = T.ArrayType(T.StructType([T.StructField(name, T.StringType()) for name in ("ts", "event", "broker")]))
+# Strict JSON (RFC 8259): no single quotes, no NaN/Infinity.
+JSON_OPTIONS = {
+    "mode": "PERMISSIVE",
+    "allowSingleQuotes": "false",
+    "allowNonNumericNumbers": "false",
+}
+# A field of the wrong type fails the whole line (the default keeps the other fields and hides the failure).
+STRICT_CONF = {"spark.sql.json.enablePartialResults": "false"}
+# ISO 8601 date-time with seconds and a zone; the calendar check (month 13, 30 February) is the cast's.
+ISO_TS = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
 
 
 @dataclass(frozen=True)
@@ -92,31 +119,50 @@ def read_lines(spark: SparkSession, uris: list[str], dates: DateRange, pattern: 
 
 
 def classify(lines: DataFrame, dates: DateRange) -> DataFrame:
-    """One row per non-blank line: ``quality``, ``file``, common fields, typed extra fields, ``lag``, ``weight``."""
-    raw = F.from_json("value", _RAW_SCHEMA, {"columnNameOfCorruptRecord": events.CORRUPT_COLUMN})
-    parsed = lines.where(F.trim("value") != "").select("file", raw.alias("j"))
-    typed = parsed.select(
+    """One row per non-blank line: ``quality``, ``file``, ``event``, ``broker``, ``ts``, ``hour``, the typed fields
+    the report reads, ``lag`` and ``weight``. The rules are the table in docs/lag-report.md, in its order."""
+    for key, value in STRICT_CONF.items():
+        lines.sparkSession.conf.set(key, value)
+    wrapped = F.concat(F.lit("["), F.col("value"), F.lit("]"))
+    parsed = lines.select("value", "file", F.from_json(wrapped, LINE_SCHEMA, JSON_OPTIONS).alias("w"))
+    parsed = parsed.where(F.col("w").isNull() | (F.size("w") > 0))  # a blank line is the empty array
+    record = F.col("w")[0]
+    one_object = F.col("w").isNotNull() & (F.size("w") == 1) & record.isNotNull()
+    # The rest (rare) is parsed again with the common fields only, as text (text accepts any JSON value): one JSON
+    # object that parses this way has a read field of the wrong type; anything else is malformed. CASE WHEN
+    # evaluates the later conditions only for the rows that reach them.
+    fallback = F.from_json(wrapped, COMMON_LINE_SCHEMA, JSON_OPTIONS)
+    well_formed_object = F.coalesce(
+        fallback.isNotNull() & (F.size(fallback) == 1) & fallback[0].isNotNull() & F.col("value").rlike(r"^\s*\{"),
+        F.lit(False),
+    )
+    parse = F.when(one_object, "ok").when(well_formed_object, "wrong_type").otherwise("malformed")
+
+    def common(name: str) -> Column:
+        return F.when(one_object, record[name]).when(F.col("parse") == "wrong_type", fallback[0][name])
+
+    typed = parsed.withColumn("parse", parse).select(
         "file",
-        F.col(f"j.{events.CORRUPT_COLUMN}").isNotNull().alias("malformed"),
-        F.try_to_timestamp("j.ts").alias("ts"),
-        *[F.col(f"j.{name}").alias(name) for name in ("level", "event", "broker", *events.STRING_FIELDS)],
-        *[F.col(f"j.{name}").try_cast("double").alias(name) for name in events.DOUBLE_FIELDS],
-        *[F.col(f"j.{name}").try_cast("long").alias(name) for name in events.LONG_FIELDS],
-        *[F.col(f"j.{name}").try_cast("boolean").alias(name) for name in events.BOOLEAN_FIELDS],
+        "parse",
+        F.when(common("ts").rlike(ISO_TS), common("ts").try_cast("timestamp")).alias("ts"),
+        common("event").alias("event"),
+        common("broker").alias("broker"),
+        *[F.when(one_object, record[name]).alias(name) for name in events.READ_FIELDS],
     )
     lag = F.coalesce(F.col("lag_ms"), (F.col("ack_ts") - F.col("enqueue_ts")) * 1000.0)
     rate = F.col("sample_rate")
     rate_ok = rate.isNull() | ((rate > 0) & (rate <= 1))
+    is_lag = F.col("event") == "ha.lag"
     with_lag = typed.withColumns(
         {
-            "lag": F.when(F.col("event") == "ha.lag", lag),
+            "lag": F.when(is_lag, lag),
             "weight": F.when(rate.isNotNull() & rate_ok, 1.0 / rate).otherwise(F.lit(1.0)),
             "hour": F.date_trunc("hour", "ts"),
         }
     )
-    is_lag = F.col("event") == "ha.lag"
+    finite_lag = F.col("lag").isNotNull() & ~F.isnan("lag") & (F.abs("lag") != float("inf"))
     quality = (
-        F.when(F.col("malformed"), Quality.MALFORMED.value)
+        F.when(F.col("parse") == "malformed", Quality.MALFORMED.value)
         .when(
             F.col("event").isNull() | F.col("broker").isNull() | F.col("ts").isNull(),
             Quality.MISSING_COMMON.value,
@@ -126,12 +172,12 @@ def classify(lines: DataFrame, dates: DateRange) -> DataFrame:
             Quality.OUT_OF_RANGE.value,
         )
         .when(~F.col("event").isin(*sorted(events.KNOWN_EVENTS)), Quality.UNKNOWN_EVENT.value)
-        .when(_missing_required() | (is_lag & (F.col("lag").isNull() | F.isnan("lag") | ~rate_ok)),
+        .when((F.col("parse") == "wrong_type") | _missing_required() | (is_lag & (~finite_lag | ~rate_ok)),
               Quality.MISSING_FIELD.value)
         .when(is_lag & (F.col("lag") < 0), Quality.NEGATIVE_LAG.value)
         .otherwise(Quality.OK.value)
     )
-    return with_lag.withColumn("quality", quality).drop("malformed")
+    return with_lag.withColumn("quality", quality).drop("parse")
 
 
 def _missing_required() -> Column:
