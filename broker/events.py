@@ -142,6 +142,8 @@ FIELDS: Final = _fields(
     Field("logger", S, "the Python logger's name (`kazoo.client`, `proton`, ...)"),
     Field("members", L, "list of `{name, address, state}`"),
     Field("message", S, "the library's message text"),
+    Field("message_id", S, "a message's AMQP `message-id` (a string id as it is, any other type as hex of its "
+          "window key: type letter `L`/`U`/`B` then the bytes)"),
     Field("messages", N, "a number of messages"),
     Field("mode", S, "how the backup acknowledges: `batched`"),
     Field("moved", N, "live messages written again at the end of the journal"),
@@ -248,6 +250,9 @@ _EVENTS: tuple[Event, ...] = (
     Event("connection.closed_by_operator", _WARN, _B, "an operator closed a connection (`ha-admin "
           "close-connection`) with `amqp:connection:forced`; its unsettled messages go back to their queues",
           (U("connection"), U("remote"), U("kind"), U("user", "the operator's user"))),
+    Event("queue.duplicate", _DEBUG, _B, "a transfer whose `message-id` is in the queue's duplicate window was "
+          "accepted and not enqueued there (a publisher resending after a failover); `count`: duplicates dropped "
+          "by this queue since the broker started", (U("queue"), U("message_id"), U("count"))),
     Event("queue.delivery_limit", _WARN, _B, "a message failed its `delivery-limit`-th delivery: dead-lettered "
           "through the alternate exchange, or dropped when `exchange` is null",
           (U("queue"), U("position"), U("count", "failed deliveries (the limit)"),

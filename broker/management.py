@@ -138,6 +138,7 @@ class Management:
             "enqueued": q.stats.enqueued,
             "dequeued": q.stats.dequeued,
             "expired": q.stats.expired,
+            "duplicates": q.stats.duplicates,
             "next-position": q.next_position,
         }
 

@@ -16,6 +16,7 @@ from cproton import (
     pn_message,
     pn_message_get_address,
     pn_message_get_expiry_time,
+    pn_message_get_id,
     pn_message_get_priority,
     pn_message_get_subject,
     pn_message_get_ttl,
@@ -27,7 +28,8 @@ from proton import Data, Message
 
 from broker.errors import MalformedMessage
 
-__all__ = ["MalformedMessage", "Meta", "check_framing", "current_properties", "current_subject", "current_to",
+__all__ = ["MalformedMessage", "Meta", "check_framing", "current_message_id", "current_properties", "current_subject",
+           "current_to",
            "decode", "subject_of", "with_delivery_header"]
 
 
@@ -158,6 +160,11 @@ def decode(data: bytes, now: float | None = None, trusted: bool = False) -> Meta
 def current_to() -> str | None:
     """The `to` address of the message decoded last."""
     return pn_message_get_address(_pn_msg)  # type: ignore[no-any-return]
+
+
+def current_message_id() -> Any:
+    """The `message-id` of the message decoded last (None, int, str, bytes or UUID)."""
+    return pn_message_get_id(_pn_msg)
 
 
 def current_subject() -> str | None:

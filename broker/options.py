@@ -76,6 +76,8 @@ QUEUE_ARGUMENTS: dict[str, Callable[[str, Any], Any]] = {
     "alternate-exchange": _str,
     "delivery-limit": _int(1),  # failed deliveries, then the message is dead-lettered
     "durable": _bool,
+    "duplicate-window": _int(1),  # message-ids remembered (broker.dedup)
+    "duplicate-window-seconds": _int(1),  # ... for this long
     REPLICATE_KEY: _choice(*REPLICATE_VALUES),
 }
 
@@ -131,6 +133,12 @@ class QueueOptions:
     alternate_exchange: str | None = None
     delivery_limit: int | None = None
     durable: bool = False
+    duplicate_window: int | None = None  # ids (broker.dedup)
+    duplicate_window_seconds: float | None = None
+
+    @property
+    def deduplicates(self) -> bool:
+        return self.duplicate_window is not None or self.duplicate_window_seconds is not None
 
     @classmethod
     def from_arguments(cls, args: Mapping[str, Any]) -> QueueOptions:
@@ -151,4 +159,6 @@ class QueueOptions:
             alternate_exchange=args.get("alternate-exchange"),
             delivery_limit=args.get("delivery-limit"),
             durable=args.get("durable", False),
+            duplicate_window=args.get("duplicate-window"),
+            duplicate_window_seconds=float(secs) if (secs := args.get("duplicate-window-seconds")) else None,
         )

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from sortedcontainers import SortedKeyList
 
+from broker.dedup import DuplicateWindow
 from broker.errors import QueueFull
 from broker.options import QueueOptions
 from broker.paging import Paged, PageIndex
@@ -61,6 +62,9 @@ REDELIVERED = 1  # Entry.flags
 DURABLE = 2
 EXTRA = 4  # the entry is in the queue's sorted extra list, not the spine
 PARKED = 8  # enqueued above paged messages: in `entries`, not available, paged out at the end of the pass
+HELD = 16  # on a backup: a consumer of the primary holds it unsettled (count and REDELIVERED already raised for
+#            the failover, ha.replica); the same bit on a replication enqueue record (ha.core.batch)
+WINDOWED = 32  # its message-id entered the queue's duplicate window when it was taken (broker.dedup)
 
 _EMPTY = b""
 _position = attrgetter("position")
@@ -102,10 +106,19 @@ class Entry:
     def __repr__(self) -> str:
         return f"Entry({self.position}, state={self.state}, level={self.level})"
 
+    def __lt__(self, other: Entry) -> bool:
+        # A heap of (position, entry) may hold a dead entry and a new one at the same position (a backup given a
+        # position again): the tie must not raise.
+        return self.position < other.position
+
 
 def _plain(o: QueueOptions) -> bool:
     return (o.max_count is None and o.max_size is None and o.lvq_key is None and o.default_ttl is None
-            and o.priority_levels == 1)
+            and o.priority_levels == 1 and not o.deduplicates)
+
+
+def _window(o: QueueOptions) -> DuplicateWindow | None:
+    return DuplicateWindow(o.duplicate_window, o.duplicate_window_seconds) if o.deduplicates else None
 
 
 def _pageable(o: QueueOptions) -> bool:
@@ -158,9 +171,10 @@ class Pager(Protocol):
 
 
 class QueueStats:
-    __slots__ = ("dequeued", "enqueued", "expired", "rejected_full", "ring_evicted")
+    __slots__ = ("dequeued", "duplicates", "enqueued", "expired", "rejected_full", "ring_evicted")
 
     def __init__(self) -> None:
+        self.duplicates = 0  # transfers dropped because their message-id was in the duplicate window
         self.enqueued = 0
         self.dequeued = 0
         self.expired = 0
@@ -206,6 +220,7 @@ class Queue:
         self.paged: PageIndex | None = None  # on disk only (flow to disk): above every message in memory
         self.parked: list[Entry] = []  # enqueued above the paged ones during this pass
         self.pager: Pager | None = None  # reads paged messages back (set by the durable store)
+        self.dedup = _window(options)  # duplicate-window: the message-ids taken recently (the router checks it)
 
     # ----- inspection -------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -801,3 +816,8 @@ class Queue:
         self.options = options
         self.plain = _plain(options) and self.paged is None
         self.pageable = _pageable(options)
+        if (options.duplicate_window, options.duplicate_window_seconds) != (
+                self.dedup.count if self.dedup else None, self.dedup.seconds if self.dedup else None):
+            old, self.dedup = self.dedup, _window(options)
+            if old is not None and self.dedup is not None:
+                self.dedup.replace(old.items())

@@ -3,19 +3,24 @@ dispatching queued messages to consumers and browsers, dead-lettering, and repli
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from proton import Message
 
+from broker.dedup import key as id_key
 from broker.engine import raw
 from broker.errors import JournalRefusal, MemoryRefusal, NoRoute, QueueFull
 from broker.links import Completion, PublisherLink
-from broker.message import current_properties, current_subject, current_to, decode
-from broker.queue import Entry, Queue
+from broker.log import get_logger
+from broker.message import current_message_id, current_properties, current_subject, current_to, decode
+from broker.queue import WINDOWED, Entry, Queue
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
     from broker.server import Server
+
+log = get_logger("broker")
 
 
 class Router:
@@ -80,13 +85,23 @@ class Router:
 
     def _route(self, address: str, q: Queue | None, data: bytes, priority: int, expires: float | None,
                durable: bool) -> list[tuple[Queue, Entry]]:
-        """Routing with checks: an exchange, limits, last-value keys."""
+        """Routing with checks: an exchange, duplicate windows, limits, last-value keys."""
         if q is not None:
             targets: list[Queue] = [q]
         elif address in self.wiring.exchanges:
             targets = self.route_exchange(address, current_subject())
         else:
             raise NoRoute("amqp:not-found", f"no queue or exchange named {address!r}")
+        mid: bytes | None = None
+        now = 0.0
+        if any(t.dedup is not None for t in targets):
+            mid = id_key(current_message_id())
+            if mid is not None:
+                now = time.time()
+                fresh = [t for t in targets if t.dedup is None or not t.dedup.seen(mid, now)]
+                if len(fresh) < len(targets):
+                    self._duplicate(mid, [t for t in targets if t not in fresh])
+                    targets = fresh
         size = len(data)
         for q in targets:
             if not q.has_room(size):
@@ -99,10 +114,21 @@ class Router:
             if lvq is not None:
                 props = current_properties()
                 key = props.get(lvq) if props else None
-            routed.append((q, q.enqueue(data, priority, expires, durable, key)))
+            e = q.enqueue(data, priority, expires, durable, key)
+            routed.append((q, e))
+            if mid is not None and q.dedup is not None:
+                q.dedup.add(mid, now)
+                e.flags |= WINDOWED  # replication tells the backups to take its id too (ha.core.batch)
             if q in consumers:
                 self.server.dirty.add(q)
         return routed
+
+    def _duplicate(self, mid: bytes, queues: list[Queue]) -> None:
+        """A transfer whose message-id is in these queues' windows: accepted, not enqueued there (debug log)."""
+        for q in queues:
+            q.stats.duplicates += 1
+            log.debug("queue.duplicate", queue=q.name, message_id=mid[1:].decode("utf-8", "replace") if mid[:1] == b"S"
+                      else mid.hex(), count=q.stats.duplicates)
 
     def dead_letter(self, q: Queue, data: bytes) -> None:
         """A message `q`'s consumer rejected goes to the queue's alternate exchange, if it has one."""

@@ -47,6 +47,7 @@ PROP_ACKS_FORMAT = "x-understudy-acks-format"  # 1: the primary also reads binar
 
 LINK_BATCH = "batch"  # link property of a replicating browser: the batch format version offered / accepted
 BATCH_VERSION = 1  # ha.core.batch
+LINK_BATCH_MAX = "batch-max"  # the newest batch format a backup reads / the primary sends (ha.core.batch: 2)
 
 TAG_LIVE = "e"
 TAG_CATCHUP = "c"

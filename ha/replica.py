@@ -7,16 +7,18 @@ per-message format of older primaries (ha.protocol tags) is applied too.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from cproton import pn_delivery_tag
 from proton import Condition, Endpoint, Message
 
+from broker.dedup import key as id_key
 from broker.engine import raw
 from broker.errors import BatchError, MalformedMessage
 from broker.log import get_logger
-from broker.message import decode
-from broker.queue import DequeueReason, Queue
+from broker.message import current_message_id, decode
+from broker.queue import HELD, REDELIVERED, WINDOWED, DequeueReason, Entry, Queue
 from ha import protocol as P
 from ha.core import batch as B
 from ha.core.idset import PositionSet
@@ -43,11 +45,15 @@ class QueueReplicator:
         self.max_message = backup.config.max_message_size
         self.unflowed = 0
         held = PositionSet.from_ranges(queue.position_ranges())
-        props: dict[str, Any] = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid}
+        # ready_epoch: the epoch of the primary whose messages these are (the primary re-sends positions it may
+        # have assigned again since; ha.core.catchup)
+        props: dict[str, Any] = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid,
+                                 "ready_epoch": backup.node.ready_epoch}
         if backup.ack_link is not None:
             props["acks"] = P.ACKS_BATCHED
             if backup.config.ha_batch_bytes > 0:
                 props[P.LINK_BATCH] = P.BATCH_VERSION
+                props[P.LINK_BATCH_MAX] = B.VERSION_MAX
         self.link = backup.receiver(P.QUEUE_PREFIX + queue.name, f"ha-q-{queue.name}", credit=self.window,
                                     properties=props)
         self.l = self.link._impl
@@ -112,15 +118,52 @@ class QueueReplicator:
         entries = q.entries
         applied: list[int] = []
         for r in records:
-            if len(r) == 2:
-                q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc]
+            if type(r) is not tuple:  # version 2: acquired, released, the duplicate window
+                self._apply_state(q, r)  # type: ignore[arg-type]
+            elif len(r) == 2:
+                q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc, arg-type]
             else:
                 pos, level, flags, count, expires, body = r  # type: ignore[misc]
                 if pos not in entries and (q.paged is None or pos not in q.paged):
-                    q.enqueue_replica(pos, body, level, flags, count, expires)
+                    e = q.enqueue_replica(pos, body, level, flags, count, expires)
+                    if flags & (HELD | WINDOWED):
+                        self._apply_flags(q, e, flags, body)
                 applied.append(pos)
         if applied:
             self.backup.acked(q.name, applied)
+
+    @staticmethod
+    def _apply_flags(q: Queue, e: Entry, flags: int, body: bytes) -> None:
+        """An enqueue record's version-2 flags: acquired on the primary (kept as after a failover: one more
+        delivery, redelivered); its message-id entered the primary's window (so it enters ours, in position order:
+        the same window)."""
+        if flags & HELD:
+            e.flags |= HELD | REDELIVERED
+            e.count += 1
+        if flags & WINDOWED and q.dedup is not None:
+            decode(body, trusted=True)
+            k = id_key(current_message_id())
+            if k is not None:
+                q.dedup.add(k, time.time())
+
+    @staticmethod
+    def _apply_state(q: Queue, r: B.Acquired | B.Released | B.Window) -> None:
+        entries = q.entries
+        if isinstance(r, B.Acquired):
+            lo, hi = r.lo, r.hi
+            span = range(lo, hi + 1) if hi - lo < len(entries) else [p for p in entries if lo <= p <= hi]
+            for pos in span:
+                e = entries.get(pos)
+                if e is not None and not e.flags & HELD:
+                    e.flags |= HELD | REDELIVERED
+                    e.count += 1
+        elif isinstance(r, B.Released):
+            e = entries.get(r.position)
+            if e is not None:
+                e.count = r.delivery_count
+                e.flags = (e.flags & ~(HELD | REDELIVERED)) | (r.flags & REDELIVERED)
+        elif q.dedup is not None:
+            q.dedup.replace(r.items, time.time())
 
     def _apply_message(self, d: Any, data: bytes) -> None:
         """The per-message format: the tag says what the transfer is (ha.protocol)."""

@@ -20,9 +20,9 @@ from broker.connections import ConnectionState
 from broker.engine import raw
 from broker.links import Completion, LinkHandler
 from broker.log import get_logger
-from broker.queue import DEAD, DequeueReason, Entry, Queue
+from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReason, Entry, Queue
 from ha import protocol as P
-from ha.core.batch import ENQUEUE, BatchWriter, is_binary_acks, parse_acks
+from ha.core.batch import ENQUEUE, VERSION_MAX, BatchWriter, is_binary_acks, parse_acks
 from ha.core.idset import PositionSet
 
 if TYPE_CHECKING:
@@ -38,14 +38,18 @@ CATCHUP_BATCHES = 3
 CATCHUP_BATCH = 256 * 1024
 CATCHUP_CHUNK = 4096  # catch-up positions taken from the plan at a time
 
+# What a pass did to messages already sent, for version-2 batches, in order: ("A", [(lo, hi), ...]) acquired by
+# consumers, ("R", position, flags, count) released.
+StateOp = tuple[Any, ...]
+
 
 class QueueWatch:
     """One per queue on the primary: collects what a pass enqueued and dequeued, and hands it over at the end of
     the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
     browser. Per message it only appends to a list or a range set."""
 
-    __slots__ = ("fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue", "scheduled",
-                 "senders")
+    __slots__ = ("fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue", "returned",
+                 "scheduled", "senders", "taken")
 
     def __init__(self, primary: Primary, queue: str) -> None:
         self.primary = primary
@@ -56,6 +60,8 @@ class QueueWatch:
         self.held_positions: list[int] = []  # client deliveries of this pass waiting for the backups
         self.held_tokens: list[Completion] = []
         self.held_bytes = 0
+        self.taken: list[int] = []  # positions acquired by consumers in this pass
+        self.returned: list[tuple[int, int, int, int]] = []  # released: (len(taken) then, position, flags, count)
         self.scheduled = False
 
     def hold(self, position: int, completion: Completion, nbytes: int) -> None:
@@ -74,10 +80,33 @@ class QueueWatch:
                 self.primary.changed.append(self)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
-        pass
+        if self.senders:
+            self.taken.append(entry.position)
+            if not self.scheduled:
+                self.scheduled = True
+                self.primary.changed.append(self)
 
     def released(self, queue: Queue, entry: Entry) -> None:
-        pass
+        if self.senders:
+            self.returned.append((len(self.taken), entry.position, entry.flags & REDELIVERED, entry.count))
+            if not self.scheduled:
+                self.scheduled = True
+                self.primary.changed.append(self)
+
+    def _state_ops(self) -> list[StateOp]:
+        """The pass's acquisitions and releases, in order, as ranges and records."""
+        taken, released = self.taken, self.returned
+        self.taken, self.returned = [], []
+        ops: list[StateOp] = []
+        start = 0
+        for upto, pos, flags, count in released:
+            if upto > start:
+                ops.append(("A", _ranges(taken[start:upto])))
+                start = upto
+            ops.append(("R", pos, flags, count))
+        if len(taken) > start:
+            ops.append(("A", _ranges(taken[start:])))
+        return ops
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
         self.gone.add(entry.position)
@@ -100,6 +129,7 @@ class QueueWatch:
             self.gone = PositionSet()
             for c in p.guards.dequeued(self.queue, gone):
                 c.release()
+        ops = self._state_ops() if self.taken or self.returned else None
         for s in self.senders.values():
             if s.closed:
                 continue
@@ -107,6 +137,8 @@ class QueueWatch:
                 s.take_live(fresh)
             if gone:
                 s.take_dequeued(gone)
+            if ops and s.version >= 2:
+                s.state_ops.extend(ops)
             p.to_run.add(s)
 
 
@@ -147,6 +179,20 @@ class ReplicatingSender(LinkHandler):
         self.catchup_window = max(1, 16 * window if batch else window // 2)
         self.started = time.time()
         self.catchup_logged = False
+        # Version 2 (the backup offered it): acquisitions, releases and the duplicate window travel too. The first
+        # batch replaces the backup's window and marks what consumers hold now; the rest follows pass by pass.
+        offered = (link.remote_properties or {}).get(P.LINK_BATCH_MAX)
+        self.version = min(offered, VERSION_MAX) if batch and isinstance(offered, int) and offered >= 2 else 1
+        self.state_ops: list[StateOp] = []
+        self.window: list[tuple[bytes, float]] | None = None
+        if self.version >= 2:
+            link.properties = {**(link.properties or {}), P.LINK_BATCH_MAX: self.version}
+            held = [e.position for e in queue.entries.values() if e.state == ACQUIRED]
+            if held:
+                self.state_ops.append(("A", _ranges(sorted(held))))
+            if queue.dedup is not None:
+                queue.dedup.expire(time.time())
+                self.window = queue.dedup.items()
 
     # ----- fed by the queue's watch and the backup ----------------------------------------------------------------
     def take_live(self, fresh: list[Entry]) -> None:
@@ -222,7 +268,11 @@ class ReplicatingSender(LinkHandler):
 
     def _send_batches(self, credit: int) -> None:
         limit = self.limit
-        w = BatchWriter(limit)
+        version = self.version
+        w = BatchWriter(limit, version)
+        if self.window is not None:
+            w.window(self.window)
+            self.window = None
         if self.dequeues:
             w.dequeue_ranges(self.dequeues.ranges())
             self.dequeues = PositionSet()
@@ -243,14 +293,17 @@ class ReplicatingSender(LinkHandler):
                     self._send_live(w, top, nbytes)
                     top = nbytes = 0
                     credit -= 1
-                    w = BatchWriter(limit)
+                    w = BatchWriter(limit, version)
                     parts, size, count = w.parts, w.size, w.count
                     if credit <= 0:
                         live.appendleft(e)
                         return
                 data = e.data
                 n = len(data)
-                parts.append(pack(b"E", e.position, e.level, e.flags, e.count, e.expires or 0.0, n))
+                flags = e.flags
+                if e.state == ACQUIRED and version >= 2:
+                    flags |= HELD
+                parts.append(pack(b"E", e.position, e.level, flags, e.count, e.expires or 0.0, n))
                 parts.append(data)
                 size += head_size + n
                 count += 1
@@ -261,6 +314,14 @@ class ReplicatingSender(LinkHandler):
             if nbytes:
                 self.inflight.append((top, nbytes))
                 self.inflight_bytes += nbytes
+        if self.state_ops:  # after the live messages they may be about (a record for a position not there is moot)
+            ops, self.state_ops = self.state_ops, []
+            for op in ops:
+                if op[0] == "A":
+                    for lo, hi in op[1]:
+                        w.acquired(lo, hi)
+                else:
+                    w.released(op[1], op[2], op[3])
         n = self._catchup_room()
         if n > 0:
             w = self._add_catchup(w, min(n, CATCHUP_CHUNK), credit)
@@ -298,12 +359,16 @@ class ReplicatingSender(LinkHandler):
                     top = in_w = 0
                 self._send(w.payload())
                 credit -= 1
-                w = BatchWriter(self.limit)
+                w = BatchWriter(self.limit, self.version)
                 if credit <= 0 or budget <= 0:
                     self.qc.give_back(batch[i:])  # not sent after all: next pass
                     break
             data = ce.data
-            w.enqueue(pos, ce.level, ce.flags, ce.count, ce.expires, data)
+            # The duplicate window went whole in the first batch; a message a consumer holds says so (version 2).
+            flags = ce.flags & (REDELIVERED | DURABLE)
+            if ce.state == ACQUIRED and self.version >= 2:
+                flags |= HELD
+            w.enqueue(pos, ce.level, flags, ce.count, ce.expires, data)
             if not top:
                 top = pos
             in_w += len(data)
@@ -362,6 +427,13 @@ class ReplicatingSender(LinkHandler):
             del w.senders[self.backup.name]
         if self.backup.senders.get(self.queue.name) is self:
             del self.backup.senders[self.queue.name]
+
+
+def _ranges(positions: list[int]) -> list[tuple[int, int]]:
+    """(lo, hi) runs of positions taken in order (consumers take mostly ascending runs)."""
+    s = PositionSet()
+    s.add_sequence(positions)
+    return s.ranges()
 
 
 class AckLink(LinkHandler):

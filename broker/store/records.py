@@ -19,6 +19,8 @@ Kinds (integers big-endian; names and arguments as UTF-8 JSON, wiring is rare):
     BIND      json{exchange, queue, key, arguments}                                a binding of durable ends
     UNBIND    json{exchange, queue, key}
     STATE     json{epoch, role, state}                                            the broker's HA standing
+    DEDUP     queue:u32 reset:u8 (time:f64 length:u16 id[length])*                 ids added to a queue's duplicate
+                                                                                  window (reset 1: the whole window)
 
 A queue is named by a number (`queue:u32`) given in its QUEUE record, so message records stay small. `next` in a
 QUEUE record is the queue's next position when it was written (positions are never reused, even after every message
@@ -43,15 +45,17 @@ FORMAT = 1
 HEADER = struct.Struct(">4sHI")
 FRAME = struct.Struct(">II")  # length (of kind + payload), crc32
 
-ENQUEUE, DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE = range(1, 10)
+ENQUEUE, DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE, DEDUP = range(1, 11)
 KINDS = {ENQUEUE: "enqueue", DEQUEUE: "dequeue", QUEUE: "queue", UNQUEUE: "unqueue", EXCHANGE: "exchange",
-         UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state"}
+         UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state", DEDUP: "dedup"}
 
 _ENQ = struct.Struct(">IQBBId")  # queue, position, level, flags, count, expires (0 = none)
 ENQ_HEAD = _ENQ.size  # bytes of an ENQUEUE payload before the message
 ENQUEUE_OVERHEAD = FRAME.size + 1 + ENQ_HEAD  # bytes of an ENQUEUE record besides the message
 _DEQ = struct.Struct(">IQQ")
 _QID = struct.Struct(">I")
+_DEDUP = struct.Struct(">IB")
+_ID = struct.Struct(">dH")
 _crc = zlib.crc32
 MAX_RECORD = 1 << 30
 
@@ -101,6 +105,15 @@ def unqueue(qid: int) -> bytes:
     return frame(UNQUEUE, _QID.pack(qid))
 
 
+def dedup(qid: int, items: list[tuple[bytes, float]], reset: bool) -> bytes:
+    """Ids (oldest first) added to a queue's duplicate window, or (`reset`) the whole window (broker.dedup)."""
+    parts = [_DEDUP.pack(qid, 1 if reset else 0)]
+    for k, t in items:
+        parts.append(_ID.pack(t, len(k)))
+        parts.append(k)
+    return frame(DEDUP, b"".join(parts))
+
+
 def document(kind: int, doc: dict[str, Any]) -> bytes:
     """EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE."""
     return frame(kind, json.dumps(doc, separators=(",", ":")).encode())
@@ -128,6 +141,21 @@ class Record:
     def queue(self) -> tuple[int, dict[str, Any]]:
         (qid,) = _QID.unpack_from(self.payload)
         return qid, json.loads(bytes(self.payload[4:]))
+
+    def dedup(self) -> tuple[int, bool, list[tuple[bytes, float]]]:
+        """A DEDUP record: queue, reset, ids (ValueError if it does not add up: the CRC passed, so a bug)."""
+        p = self.payload
+        qid, reset = _DEDUP.unpack_from(p)
+        off, n = _DEDUP.size, len(p)
+        items: list[tuple[bytes, float]] = []
+        while off < n:
+            t, k = _ID.unpack_from(p, off)
+            off += _ID.size
+            if off + k > n:
+                raise ValueError("dedup record truncated")
+            items.append((bytes(p[off : off + k]), t))
+            off += k
+        return qid, bool(reset), items
 
     def qid(self) -> int:
         return int(_QID.unpack_from(self.payload)[0])

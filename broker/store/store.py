@@ -2,8 +2,9 @@
 back at start. An `Extension` of the server.
 
 What is journaled: queues with `durable: true`, their messages with the AMQP `durable` header, exchanges with
-`durable: true`, bindings between durable ends, and the broker's HA standing (epoch, role, state). Everything else
-never touches the disk.
+`durable: true`, bindings between durable ends, the duplicate windows of durable queues (broker.dedup: the ids a
+pass added, after its messages; the whole window in each checkpoint), and the broker's HA standing (epoch, role,
+state). Everything else never touches the disk.
 
 Per pass (group commit): the observers append records as queues and wiring change; at the end of the pass
 `end_of_pass` writes them with one `write`, and the syncer thread makes them durable with one `fdatasync`. A client's
@@ -102,6 +103,7 @@ class Image:
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.bindings: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.state: dict[str, Any] = {}
+        self.windows: dict[int, list[tuple[bytes, float]]] = {}  # qid -> duplicate window ids, oldest first
         self.budget = budget
         self.memory = 0  # bytes of the messages read (bodies and ENTRY_COST each)
 
@@ -164,8 +166,19 @@ class Image:
             self.bindings.pop((doc["exchange"], doc["queue"], doc.get("key", "")), None)
         elif kind == R.STATE:
             self.state = rec.document()
+        elif kind == R.DEDUP:
+            qid, reset, items = rec.dedup()
+            if reset or qid not in self.windows:
+                self.windows[qid] = items
+            else:
+                ids = self.windows[qid]
+                ids.extend(items)
+                cap = (self.queues.get(qid) or {}).get("arguments", {}).get("duplicate-window")
+                if isinstance(cap, int) and len(ids) > 2 * cap:  # replaying many passes: keep it bounded
+                    del ids[: len(ids) - cap]
 
     def _forget(self, qid: int) -> None:
+        self.windows.pop(qid, None)
         msgs = self.messages.pop(qid, None)
         if msgs:
             self.memory -= sum(len(m[4]) + ENTRY_COST for m in msgs.values())
@@ -245,6 +258,8 @@ class Store(Extension):
         self.parking: set[Queue] = set()  # queues that parked messages this pass
         self.paging: set[Queue] = set()  # queues with paged messages
         self.readers: dict[int, int] = {}  # segment -> fd open for reading paged messages back
+        self.windowed: dict[Queue, tuple[int, int]] = {}  # durable queues with a duplicate window: (generation,
+        #                                                    added) of it as journaled
         self.paged_out = 0  # messages paged out since start (stats)
         self.paged_in = 0
 
@@ -280,6 +295,9 @@ class Store(Extension):
                 report.messages += index.count
                 report.paged += index.count
             q.next_position = max(q.next_position, int(doc.get("next", 1)))
+            window = image.windows.get(qid)
+            if window and q.dedup is not None:
+                q.dedup.replace(window, time.time())
             self.next_qid = max(self.next_qid, qid + 1)
             report.queues += 1
         for (ex, qn, key), doc in image.bindings.items():
@@ -333,6 +351,8 @@ class Store(Extension):
                 self.next_qid += 1
             st = self.queues[q] = _Q(qid)
             q.pager = self
+            if q.dedup is not None:
+                self.windowed[q] = (-1, 0)  # written whole at the end of the pass
         return st
 
     def _watch(self, q: Queue) -> Store | None:
@@ -351,6 +371,7 @@ class Store(Extension):
                 for dq, st in list(self.queues.items()):
                     if dq.name == ev.name and dq.deleted:
                         del self.queues[dq]
+                        self.windowed.pop(dq, None)
                         self.paging.discard(dq)
                         self.parking.discard(dq)
                         self.journal.append(R.unqueue(st.qid))
@@ -442,6 +463,8 @@ class Store(Extension):
 
     # ----- once per pass -------------------------------------------------------------------------------------------
     def end_of_pass(self) -> bool:
+        if self.windowed:
+            self._journal_windows(False)
         if self.dequeues:
             dq, self.dequeues = self.dequeues, {}
             for qid, positions in dq.items():
@@ -468,6 +491,22 @@ class Store(Extension):
                 if q.parked:
                     self.parking.add(q)  # the journal could not write them: again once it can
         return wrote
+
+    def _journal_windows(self, whole: bool) -> None:
+        """The ids the pass added to duplicate windows (after the pass's messages: a torn tail may lose an id whose
+        message is kept - a resend is then taken twice - never keep an id whose message is lost); `whole`: every
+        window as it is (a checkpoint)."""
+        for q, (generation, mark) in self.windowed.items():
+            w, st = q.dedup, self.queues.get(q)
+            if w is None or st is None:
+                continue
+            if whole or w.generation != generation:
+                self.journal.append(R.dedup(st.qid, w.items(), True))
+            elif w.added != mark:
+                self.journal.append(R.dedup(st.qid, w.since(mark), False))
+            else:
+                continue
+            self.windowed[q] = (w.generation, w.added)
 
     def _commit(self) -> bool:
         """Write what the pass journaled; True if anything was written (the server then goes round once more, so
@@ -588,6 +627,7 @@ class Store(Extension):
                                              "arguments": b.arguments}))
         if self.state:
             j.append(R.document(R.STATE, self.state))
+        self._journal_windows(True)
 
     def live(self, segment: int) -> int:
         return sum(st.live.get(segment, 0) for st in self.queues.values())

@@ -1,4 +1,4 @@
-"""The replication batch: what a replicating browser sends its backup in one transfer (format version 1).
+"""The replication batch: what a replicating browser sends its backup in one transfer (format versions 1 and 2).
 
 A batch is the queue events one pass of the primary gathered for one (queue, backup), in order: dequeue ranges
 first, then enqueued messages with their positions and the facts the backup needs to keep them as the primary does
@@ -12,13 +12,27 @@ Wire form: the transfer's payload is one AMQP data section (so it is a valid AMQ
             | "E" position:u64 level:u8 flags:u8 count:u32 expires:f64 length:u32 bytes[length]
                                                                               enqueue (expires 0 = none)
 
+Version 2 (negotiated, see below) adds three record kinds, and gives two enqueue flags a meaning on the wire::
+
+            | "A" lo:u64 hi:u64                                               positions lo..hi acquired by consumers
+            | "R" position:u64 flags:u8 count:u32                             released: the message as it is now
+            | "W" n:u32 (time:f64 length:u16 id[length])*                     the queue's duplicate window, replaced
+
+    enqueue flags: 1 redelivered, 2 durable, 16 acquired (a consumer holds it unsettled), 32 windowed (its
+    message-id entered the queue's duplicate window when the primary took it)
+
+A backup keeps a message acquired on the primary as it would come back after a failover (delivery count + 1,
+redelivered); a release sets it to what the primary has. A reader of version 1 ignores flags it does not know.
+
 All integers are big-endian. `parse` checks everything before anything is applied (a batch is applied whole or
 not at all) and raises `BatchError` naming the first problem: wrong magic or version, a truncated or unknown record,
 a position of 0, lo > hi, a message longer than the limit, a position twice in one batch.
 
 Negotiation: a backup that understands version 1 attaches its replicating browser with link property
 ``batch: 1``; a primary that sends batches answers with ``batch: 1`` in its attach. Anyone else keeps the
-per-message format (see ha.protocol), so a rolling upgrade works in either order.
+per-message format (see ha.protocol), so a rolling upgrade works in either order. A backup that also reads version
+2 adds ``batch-max: 2``; a primary that sends version 2 answers ``batch-max: 2``, else its batches are version 1
+(and a version-1 primary ignores the property).
 
 Acknowledgements (`$ha.acks`, one transfer per pass of the backup) have a binary form too, used when the primary's
 connection properties say ``x-understudy-acks-format: 1`` (a primary reads both forms; it tells them apart by the
@@ -31,12 +45,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from broker.errors import BatchError
 
 VERSION = 1
+VERSION_MAX = 2  # the newest batch format this broker writes and reads
 MAGIC = b"UB"
 _HEAD = MAGIC + bytes([VERSION])
+_HEADS = {v: MAGIC + bytes([v]) for v in (1, 2)}
 _ENQ = struct.Struct(">cQBBIdI")
 _DEQ = struct.Struct(">cQQ")
 _ENQ_SIZE = _ENQ.size
@@ -45,11 +62,47 @@ _SECTION = struct.Struct(">BBBBI")  # 0x00 0x53 0x75 (data section) 0xb0 (vbin32
 _SECTION_HEAD = b"\x00\x53\x75\xb0"
 _E = b"E"
 _D = b"D"
+_A = b"A"
+_R = b"R"
+_W = b"W"
+_REL = struct.Struct(">cQBI")
+_WHEAD = struct.Struct(">cI")
+_WITEM = struct.Struct(">dH")
+
+FLAG_ACQUIRED = 16  # version 2: a consumer holds the message (broker.queue.HELD on a backup)
+FLAG_WINDOWED = 32  # version 2: its message-id entered the queue's duplicate window (broker.queue.WINDOWED)
 
 DEFAULT_LIMIT = 256 * 1024  # bytes of records per batch (a single larger message travels alone)
 
 Enqueue = tuple[int, int, int, int, float, bytes]  # position, level, flags, delivery count, expires (0 = none), data
 Dequeue = tuple[int, int]  # lo, hi
+
+
+class Acquired(NamedTuple):
+    """Version 2: positions lo..hi were acquired by consumers of the primary."""
+
+    kind: str
+    lo: int
+    hi: int
+
+
+class Released(NamedTuple):
+    """Version 2: the message at `position` was released; `flags` and `count` are what the primary has now."""
+
+    kind: str
+    position: int
+    flags: int
+    delivery_count: int
+
+
+class Window(NamedTuple):
+    """Version 2: the queue's duplicate window is exactly `items` ((id key, time), oldest first)."""
+
+    kind: str
+    items: list[tuple[bytes, float]]
+
+
+Record = Enqueue | Dequeue | Acquired | Released | Window  # tell them apart by type: `type(r) is tuple` for the first two
 
 
 _ACK_HEAD = b"UA" + bytes([VERSION])
@@ -113,12 +166,16 @@ def parse_acks(payload: bytes) -> dict[str, list[tuple[int, int]]]:
 class BatchWriter:
     """Collects records for one transfer. `full` says when the next enqueue should start a new batch."""
 
-    __slots__ = ("count", "limit", "parts", "size")
+    __slots__ = ("count", "limit", "parts", "size", "version")
 
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, limit: int = DEFAULT_LIMIT, version: int = VERSION) -> None:
+        head = _HEADS.get(version)
+        if head is None:
+            raise ValueError(f"no batch format version {version}")
         self.limit = limit
-        self.parts: list[bytes] = [b"", _HEAD]  # parts[0]: the data-section header, filled in by payload()
-        self.size = len(_HEAD)
+        self.version = version
+        self.parts: list[bytes] = [b"", head]  # parts[0]: the data-section header, filled in by payload()
+        self.size = len(head)
         self.count = 0
 
     def dequeue(self, lo: int, hi: int) -> None:
@@ -129,6 +186,32 @@ class BatchWriter:
     def dequeue_ranges(self, ranges: Iterable[tuple[int, int]]) -> None:
         for lo, hi in ranges:
             self.dequeue(lo, hi)
+
+    def acquired(self, lo: int, hi: int) -> None:
+        """Version 2 only."""
+        assert self.version >= 2
+        self.parts.append(_DEQ.pack(_A, lo, hi))
+        self.size += _DEQ.size
+        self.count += 1
+
+    def released(self, position: int, flags: int, count: int) -> None:
+        """Version 2 only."""
+        assert self.version >= 2
+        self.parts.append(_REL.pack(_R, position, flags & 0xFF, count))
+        self.size += _REL.size
+        self.count += 1
+
+    def window(self, items: list[tuple[bytes, float]]) -> None:
+        """Version 2 only: the whole duplicate window (ids over 65535 bytes are never in one: broker.dedup)."""
+        assert self.version >= 2
+        parts = [_WHEAD.pack(_W, len(items))]
+        for k, t in items:
+            parts.append(_WITEM.pack(t, len(k)))
+            parts.append(k)
+        blob = b"".join(parts)
+        self.parts.append(blob)
+        self.size += len(blob)
+        self.count += 1
 
     def enqueue(self, position: int, level: int, flags: int, count: int, expires: float | None, data: bytes) -> None:
         n = len(data)
@@ -150,22 +233,23 @@ class BatchWriter:
         return b"".join(self.parts)
 
 
-def parse(payload: bytes, max_message: int) -> list[Enqueue | Dequeue]:
-    """The records of a batch transfer, in order (enqueues are 6-tuples, dequeue ranges 2-tuples).
-    Raises BatchError; never returns a partial result."""
+def parse(payload: bytes, max_message: int) -> list[Record]:
+    """The records of a batch transfer, in order (enqueues are 6-tuples, dequeue ranges 2-tuples, the version-2
+    kinds named tuples). Raises BatchError; never returns a partial result."""
     if len(payload) < _SECTION.size + len(_HEAD) or payload[:4] != _SECTION_HEAD:
         raise BatchError("not a replication batch (no data section)")
     size = int.from_bytes(payload[4:8], "big")
     end = 8 + size
     if end != len(payload):
         raise BatchError(f"batch section says {size} bytes, transfer has {len(payload) - 8}")
-    if payload[8:11] != _HEAD:
-        got = payload[8:11]
-        if got[:2] == MAGIC:
-            raise BatchError(f"batch format version {got[2]} is not supported (this broker reads {VERSION})")
+    got = payload[8:11]
+    if got[:2] != MAGIC:
         raise BatchError("not a replication batch (bad magic)")
+    version = got[2]
+    if version not in _HEADS:
+        raise BatchError(f"batch format version {version} is not supported (this broker reads 1..{VERSION_MAX})")
     off = 11
-    out: list[Enqueue | Dequeue] = []
+    out: list[Record] = []
     seen: set[int] = set()
     enq, deq = _ENQ, _DEQ
     esize, dsize = enq.size, deq.size
@@ -195,6 +279,47 @@ def parse(payload: bytes, max_message: int) -> list[Enqueue | Dequeue]:
                 raise BatchError(f"dequeue record at byte {off}: bad range {lo}..{hi}")
             off += dsize
             out.append((lo, hi))
+        elif version >= 2 and kind == _A:
+            if off + dsize > end:
+                raise BatchError(f"truncated acquired record at byte {off}")
+            _, lo, hi = deq.unpack_from(payload, off)
+            if lo == 0 or lo > hi:
+                raise BatchError(f"acquired record at byte {off}: bad range {lo}..{hi}")
+            off += dsize
+            out.append(Acquired("A", lo, hi))
+        elif version >= 2 and kind == _R:
+            if off + _REL.size > end:
+                raise BatchError(f"truncated released record at byte {off}")
+            _, pos, flags, count = _REL.unpack_from(payload, off)
+            if pos == 0:
+                raise BatchError(f"released record at byte {off}: position 0")
+            off += _REL.size
+            out.append(Released("R", pos, flags, count))
+        elif version >= 2 and kind == _W:
+            off, items = _parse_window(payload, off, end)
+            out.append(Window("W", items))
         else:
             raise BatchError(f"unknown record kind {kind!r} at byte {off}")
     return out
+
+
+def _parse_window(payload: bytes, off: int, end: int) -> tuple[int, list[tuple[bytes, float]]]:
+    if off + _WHEAD.size > end:
+        raise BatchError(f"truncated window record at byte {off}")
+    start = off
+    _, n = _WHEAD.unpack_from(payload, off)
+    off += _WHEAD.size
+    if n * _WITEM.size > end - off:
+        raise BatchError(f"window record at byte {start}: {n} ids cannot fit")
+    items: list[tuple[bytes, float]] = []
+    isize = _WITEM.size
+    for _ in range(n):
+        if off + isize > end:
+            raise BatchError(f"window record at byte {start}: truncated")
+        t, k = _WITEM.unpack_from(payload, off)
+        off += isize
+        if k == 0 or off + k > end:
+            raise BatchError(f"window record at byte {start}: bad id length {k}")
+        items.append((payload[off : off + k], t))
+        off += k
+    return off, items

@@ -59,7 +59,7 @@ def _enq(pos: int, data: bytes, n: int | None = None) -> bytes:
         (b"", "not a replication batch"),
         (b"\x00\x53\x77\xa1\x03abc", "not a replication batch"),
         (_batch(_enq(1, b"abc"))[:-1], "transfer has"),
-        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x02", "version 2 is not supported"),
+        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x03", "version 3 is not supported"),
         (b"\x00\x53\x75\xb0\x00\x00\x00\x03XY\x01", "bad magic"),
         (_batch(_enq(0, b"a")), "position 0"),
         (_batch(_enq(5, b"abc", n=9)), "message truncated"),
