@@ -122,6 +122,10 @@ class HaNode(Extension):
         old, self.state = self.state, new
         log.info("ha.state", from_state=old.value, to_state=new.value, role=new.role.value, epoch=self.epoch,
                  reason=reason)
+        if new in (HaState.READY, HaState.RECOVERING, HaState.ACTIVE):
+            # Only here: a ready backup that adopts a newer epoch (its primary was deposed) is not ready in it, and
+            # its queues hold what the old primary sent (the new one may have assigned those positions again).
+            self.ready_epoch = max(self.ready_epoch, self.epoch)
         self._record_standing()
         if self.primary is not None:
             self.primary.update_membership()
@@ -149,9 +153,8 @@ class HaNode(Extension):
         """Journal (epoch, role, state, ready_epoch, view): after a whole-cluster restart the most current store is
         the one of a broker that was primary or ready in the newest epoch (`ready_epoch`: the newest epoch in which
         this broker was a primary or a ready backup, kept across restarts until it is one again) and that the newest
-        member list of that epoch names (`view`, ha.core.restart: a backup dropped by its primary is not in it)."""
-        if self.state in (HaState.READY, HaState.RECOVERING, HaState.ACTIVE):
-            self.ready_epoch = max(self.ready_epoch, self.epoch)
+        member list of that epoch names (`view`, ha.core.restart: a backup dropped by its primary is not in it).
+        `ready_epoch` is raised by `set_state` only."""
         journal = self.server.store
         if journal is not None:
             view = self.ready_view.to_json() if self.ready_view is not None else None

@@ -211,9 +211,14 @@ class Primary:
             held = PositionSet.from_wire(props.get("held") or [])
         except ValueError as e:
             raise LinkError("amqp:invalid-field", f"bad held positions: {e}") from None
+        # The epoch its messages come from: the newest in which it was ready or primary (a backup announces it; an
+        # older one only its current epoch, which it may have adopted from the coordinator before catching up).
+        data_epoch = props.get("ready_epoch")
+        if not isinstance(data_epoch, int) or isinstance(data_epoch, bool) or data_epoch < 0:
+            data_epoch = b.epoch
         reused_from: int | None = None
-        if b.epoch < self.node.epoch:
-            reused_from = self.epoch_start.get(name, 1) if b.epoch >= self.previous_epoch else 1
+        if data_epoch < self.node.epoch:  # positions from epoch_start on may name other messages here
+            reused_from = self.epoch_start.get(name, 1) if data_epoch >= self.previous_epoch else 1
         plan = plan_catchup(PositionSet.from_ranges(q.position_ranges()), held, reused_from=reused_from)
         batch = props.get(P.LINK_BATCH) == P.BATCH_VERSION and self.config.ha_batch_bytes > 0
         link.source.address = address

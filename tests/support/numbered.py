@@ -33,9 +33,12 @@ def connect(urls: list[str], deadline: float) -> BlockingConnection:
             time.sleep(0.05 if i % len(urls) else 0.2)
 
 
-def send(urls: list[str], queue: str, count: int, out: str, pause: float, first: int = 1) -> int:
+def send(urls: list[str], queue: str, count: int, out: str, pause: float, first: int = 1,
+         patience: float = 120.0, id_prefix: str | None = None, timeout: float = 10.0) -> int:
+    """Gives up when no message could be confirmed for `patience` seconds. With `id_prefix` each message carries
+    the message-id PREFIX+number (a resend has the same id); `timeout`: seconds to wait for one settlement."""
     pending = list(range(first, first + count))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patience
     with open(out, "a", buffering=1) as f:
         while pending:
             try:
@@ -43,9 +46,11 @@ def send(urls: list[str], queue: str, count: int, out: str, pause: float, first:
                 s = c.create_sender(queue)
                 while pending:
                     n = pending[0]
-                    s.send(Message(body=n, durable=True), timeout=10)
+                    mid = None if id_prefix is None else f"{id_prefix}{n}"
+                    s.send(Message(body=n, durable=True, id=mid), timeout=timeout)
                     f.write(f"{n}\n")
                     pending.pop(0)
+                    deadline = time.monotonic() + patience
                     if pause:
                         time.sleep(pause)
                 c.close()
@@ -108,10 +113,13 @@ def main() -> int:
     ap.add_argument("--pause", type=float, default=0.0)
     ap.add_argument("--idle", type=float, default=30.0)
     ap.add_argument("--until", type=int, default=0)
+    ap.add_argument("--id-prefix", help="sender: message-id PREFIX+number on each message")
+    ap.add_argument("--timeout", type=float, default=10.0, help="sender: seconds to wait for one settlement")
+    ap.add_argument("--patience", type=float, default=120.0, help="sender: seconds without a confirmation to give up")
     a = ap.parse_args()
     urls = a.urls.split(",")
     if a.mode == "send":
-        return send(urls, a.queue, a.count, a.out, a.pause, a.first)
+        return send(urls, a.queue, a.count, a.out, a.pause, a.first, a.patience, a.id_prefix, a.timeout)
     return receive(urls, a.queue, a.out, a.idle, a.until)
 
 

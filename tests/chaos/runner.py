@@ -1,0 +1,305 @@
+"""The chaos run's I/O edge: a ZooKeeper-coordinated cluster of real brokers under load from publishers with
+message-ids and a consumer that accepts, hurt by the faults of a seeded schedule (tests/chaos/model.py).
+
+Each broker reaches ZooKeeper through its own `TcpProxy`, so cutting a broker off (`cut-primary`) black-holes its
+ZooKeeper session and drops its AMQP port with iptables (INPUT, both directions, on loopback); every rule is
+removed at the end. After each fault the run waits until the cluster is whole again (one active primary, every
+other broker ready) before the next one, and records how long publishers went without a confirmation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.client import ManagementClient, ManagementError
+from tests.chaos.model import Fault, Kind, Verdict, check, recovery_table, schedule
+from tests.support.cluster import Cluster
+from tests.support.numbered import numbers, spawn
+from tests.support.procs import BrokerFactory, BrokerProcess
+from tests.zk.harness import TcpProxy, ZooKeeperServer, ensure_installed
+
+QUEUE = "chaos"
+SECOND = 10_000_000  # the second publisher's numbers start here
+FIRSTS = (1, SECOND)
+
+
+class ChaosError(AssertionError):
+    """The cluster did not recover from a fault in time (the message names the seed and the fault)."""
+
+
+def iptables_usable() -> bool:
+    return shutil.which("iptables") is not None and os.geteuid() == 0 and subprocess.run(
+        ["iptables", "-L", "INPUT", "-n"], capture_output=True).returncode == 0
+
+
+@dataclass
+class Run:
+    seed: int
+    faults: int
+    workdir: Path
+    session: float = 1.5
+    recover_timeout: float = 90.0
+    log: Callable[[str], None] = print
+    kinds: set[Kind] | None = None
+    recovery: dict[Kind, list[float]] = field(default_factory=lambda: defaultdict(list))
+    whole: dict[Kind, list[float]] = field(default_factory=lambda: defaultdict(list))
+    done: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[list[str]] = field(default_factory=list)
+
+    # ----- set-up ---------------------------------------------------------------------------------------------
+    def execute(self) -> dict[str, Any]:
+        """Run the whole schedule; return the report (verdict, recovery table, fault log)."""
+        ensure_installed()
+        if self.kinds is None and not iptables_usable():
+            self.kinds = {k for k in Kind if k is not Kind.CUT_PRIMARY}
+            self.log("iptables is not usable here (root and iptables needed): no cut-primary faults")
+        plan = schedule(self.seed, self.faults, self.session, only=self.kinds)
+        zk = ZooKeeperServer(self.workdir / "zookeeper")
+        zk.start()
+        self.zk = zk
+        self.proxies: list[TcpProxy] = []
+        factory = BrokerFactory(self.workdir)
+        started = time.monotonic()
+        try:
+            c = self._cluster(factory, zk)
+            self.cluster = c
+            c.start()
+            self._wait_whole("start")
+            with ManagementClient(self._primary_url()) as m:
+                m.call("CREATE", "queue", QUEUE, {"arguments": {"durable": True}})
+            self.acked = [self.workdir / "acked-a.txt", self.workdir / "acked-b.txt"]
+            received = self.workdir / "received.txt"
+            common = ["--patience", "600", "--timeout", "3"]
+            senders = [spawn("send", c.urls, QUEUE, self.acked[0], "--count", "5000000", "--id-prefix", "a-", *common),
+                       spawn("send", c.urls, QUEUE, self.acked[1], "--count", "5000000", "--first", str(SECOND),
+                             "--id-prefix", "b-", *common)]
+            consumer = spawn("receive", c.urls, QUEUE, received, "--idle", "600")
+            try:
+                self._confirming(time.monotonic(), "load start")
+                for f in plan:
+                    self._one(f)
+            finally:
+                for s in senders:
+                    s.kill()
+                    s.wait(10)
+            self._drain(received, consumer)
+            verdict = self._verdict(received)
+        finally:
+            self._heal_all()
+            for b in factory.brokers:
+                if b.alive and b.proc is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(b.proc.pid, signal.SIGCONT)
+            for _ in factory.cleanup():
+                pass
+            for p in self.proxies:
+                p.close()
+            zk.stop()
+        return self._report(verdict, time.monotonic() - started)
+
+    def _cluster(self, factory: BrokerFactory, zk: ZooKeeperServer) -> Cluster:
+        chroot = f"/chaos-{self.seed}"
+        c = Cluster(factory, 3, ["--ha-coordinator", "zookeeper", "--zk-hosts", "PROXY", "--zk-path", chroot,
+                                 "--zk-session-timeout", str(self.session)], heartbeat=0.5)
+        for b in c.brokers:
+            proxy = TcpProxy(zk.port)
+            self.proxies.append(proxy)
+            b.args[b.args.index("PROXY")] = proxy.address
+        return c
+
+    # ----- one fault --------------------------------------------------------------------------------------------
+    def _one(self, f: Fault) -> None:
+        c = self.cluster
+        time.sleep(f.pause)
+        p = self._primary_index()
+        backups = [i for i in range(len(c.brokers)) if i != p]
+        backup = backups[int(f.pick * len(backups))]
+        t0 = time.monotonic()
+        what = f"fault {f.index} {f.kind.value} (seed {self.seed})"
+        confirm: float | None = None
+        if f.kind is Kind.KILL_PRIMARY:
+            c[p].kill()
+            confirm = self._confirming(t0, what)
+            c[p].start()  # back as a backup
+        elif f.kind is Kind.STOP_PRIMARY:
+            self._pause(c[p], f.duration)
+        elif f.kind is Kind.KILL_BACKUP:
+            c[backup].kill()
+            time.sleep(f.duration)
+            c[backup].start()
+        elif f.kind is Kind.STOP_BACKUP:
+            self._pause(c[backup], f.duration)
+        elif f.kind is Kind.CUT_PRIMARY:
+            self._cut(p)
+            time.sleep(f.duration)
+            self._heal_all()
+        elif f.kind is Kind.STOP_ZOOKEEPER:
+            self.zk.stop()
+            time.sleep(f.duration)
+            self.zk.start()
+        elif f.kind is Kind.KILL_ALL:
+            pids = [b.proc.pid for b in c.brokers if b.proc is not None and b.alive]
+            for pid in pids:
+                os.killpg(pid, signal.SIGKILL)
+            for b in c.brokers:
+                b.kill()
+            order = random.Random(f.pick).sample(range(len(c.brokers)), len(c.brokers))
+            for i in order:
+                c[i].start(wait=False)
+            for b in c.brokers:
+                b.wait_started()
+        if confirm is None:
+            confirm = self._confirming(t0, what)
+        whole = self._wait_whole(what) - t0
+        self.recovery[f.kind].append(confirm)
+        self.whole[f.kind].append(whole)
+        self.done.append({"index": f.index, "fault": f.kind.value, "duration": f.duration, "target":
+                          "all" if f.kind is Kind.KILL_ALL else c[p if "primary" in f.kind.value else backup].name,
+                          "confirming_after": round(confirm, 3), "whole_after": round(whole, 3)})
+        self.log(f"{what}: confirming after {confirm:.2f}s, whole after {whole:.2f}s")
+
+    @staticmethod
+    def _pause(b: BrokerProcess, seconds: float) -> None:
+        assert b.proc is not None
+        os.killpg(b.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.killpg(b.proc.pid, signal.SIGCONT)
+
+    def _cut(self, i: int) -> None:
+        port = self.cluster[i].port
+        for rule in (["-p", "tcp", "--dport", str(port), "-j", "DROP"],
+                     ["-p", "tcp", "--sport", str(port), "-j", "DROP"]):
+            subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
+            self.rules.append(rule)
+        self.proxies[i].blackhole()
+
+    def _heal_all(self) -> None:
+        while self.rules:
+            rule = self.rules.pop()
+            subprocess.run(["iptables", "-D", "INPUT", *rule], check=False)
+        for p in getattr(self, "proxies", []):
+            p.heal()
+
+    # ----- waiting ----------------------------------------------------------------------------------------------
+    def _status(self, b: BrokerProcess) -> dict[str, Any] | None:
+        if not b.alive:
+            return None
+        try:
+            with ManagementClient(b.url, timeout=1.0) as m:
+                body: dict[str, Any] = m.call("STATUS", "ha-broker").body
+                return body
+        except (ManagementError, OSError):
+            return None
+
+    def _statuses(self) -> list[dict[str, Any] | None]:
+        return [self._status(b) for b in self.cluster.brokers]
+
+    def _primary_index(self) -> int:
+        for i, st in enumerate(self._statuses()):
+            if st is not None and st["role"] == "primary" and st["state"] == "active":
+                return i
+        raise ChaosError(f"no active primary (seed {self.seed})")
+
+    def _primary_url(self) -> str:
+        return self.cluster[self._primary_index()].url
+
+    def _until(self, cond: Callable[[], bool], what: str) -> float:
+        deadline = time.monotonic() + self.recover_timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                states = [(s or {}).get("state") for s in self._statuses()]
+                raise ChaosError(f"{what}: not recovered in {self.recover_timeout:.0f}s (states {states})")
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def _wait_whole(self, what: str) -> float:
+        def whole() -> bool:
+            sts = self._statuses()
+            prim = [s for s in sts if s is not None and s["role"] == "primary"]
+            return (len(prim) == 1 and prim[0]["state"] == "active"
+                    and all(s is not None and (s is prim[0] or s["state"] == "ready") for s in sts))
+
+        return self._until(whole, f"{what}: cluster whole")
+
+    def _confirming(self, t0: float, what: str) -> float:
+        """Seconds from t0 until both publishers confirmed a message after t0."""
+        base = [len(numbers(a)) for a in self.acked]
+
+        def moved() -> bool:
+            return all(len(numbers(a)) > n for a, n in zip(self.acked, base, strict=True))
+
+        return self._until(moved, f"{what}: publishers confirming") - t0
+
+    def _drain(self, received: Path, consumer: subprocess.Popen[bytes]) -> None:
+        """Wait until the consumer accepted everything on the queue, then stop it."""
+        def empty() -> bool:
+            try:
+                with ManagementClient(self._primary_url(), timeout=2.0) as m:
+                    q = m.call("READ", "queue", QUEUE).body
+                return bool(q["depth"] == 0 and q.get("acquired", 0) == 0)
+            except (ManagementError, OSError, ChaosError):
+                return False
+
+        self._until(empty, f"drain (seed {self.seed})")
+        time.sleep(0.5)
+        consumer.kill()
+        consumer.wait(10)
+
+    # ----- verdict ----------------------------------------------------------------------------------------------
+    def _verdict(self, received: Path) -> Verdict:
+        confirmed: list[str] = []
+        attempted: list[str] = []
+        for path, first in zip(self.acked, FIRSTS, strict=True):
+            got = numbers(path)
+            confirmed += [str(n) for n in got]
+            top = max(got, default=first - 1)
+            attempted += [str(n) for n in range(first, top + 2)]  # in order; the next was in flight at the end
+        return check(attempted, confirmed, [str(n) for n in numbers(received)])
+
+    def _report(self, v: Verdict, seconds: float) -> dict[str, Any]:
+        counts: dict[str, int] = defaultdict(int)
+        for d in self.done:
+            counts[d["fault"]] += 1
+        return {
+            "seed": self.seed, "faults": len(self.done), "session_timeout": self.session,
+            "seconds": round(seconds, 1), "mix": dict(sorted(counts.items())), "verdict": v.summary(),
+            "lost": v.lost[:50], "duplicated": dict(list(v.duplicated.items())[:50]), "unexpected": v.unexpected[:50],
+            "confirming_after": recovery_table(self.recovery), "whole_after": recovery_table(self.whole),
+            "log": self.done,
+        }
+
+
+def markdown(report: dict[str, Any]) -> Iterator[str]:
+    v = report["verdict"]
+    yield (f"seed {report['seed']}, {report['faults']} faults in {report['seconds']:.0f} s "
+           f"(ZooKeeper session {report['session_timeout']} s)")
+    yield ""
+    yield "| attempted | confirmed | delivered | lost | duplicated | unexpected | recovered |"
+    yield "|---|---|---|---|---|---|---|"
+    yield (f"| {v['attempted']} | {v['confirmed']} | {v['delivered']} | {v['lost']} | {v['duplicated']} | "
+           f"{v['unexpected']} | {v['recovered']} |")
+    yield ""
+    yield "| fault | count | confirming again p50 / p99 (s) | cluster whole p50 / p99 (s) |"
+    yield "|---|---|---|---|"
+    whole = {r["fault"]: r for r in report["whole_after"]}
+    for r in report["confirming_after"]:
+        w = whole[r["fault"]]
+        yield f"| {r['fault']} | {r['count']} | {r['p50']:.2f} / {r['p99']:.2f} | {w['p50']:.2f} / {w['p99']:.2f} |"
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    out.write_text(json.dumps(report, indent=1) + "\n")

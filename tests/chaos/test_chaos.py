@@ -1,0 +1,63 @@
+"""The chaos run under pytest: a short seeded run in the default suite, ≥ 1000 faults with `-m soak`.
+
+UNDERSTUDY_CHAOS_SEED / UNDERSTUDY_CHAOS_FAULTS choose the run; the seed is printed and named in every failure, so
+`python -m tests.chaos --seed N --faults M` replays it."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.model import Kind, check, schedule
+from tests.chaos.runner import Run, markdown
+
+pytestmark = pytest.mark.zookeeper
+
+
+def run(tmp_path: Path, faults: int) -> dict[str, object]:
+    seed = int(os.environ.get("UNDERSTUDY_CHAOS_SEED", random.randrange(1 << 30)))
+    faults = int(os.environ.get("UNDERSTUDY_CHAOS_FAULTS", faults))
+    print(f"\nchaos: {faults} faults, seed {seed} (replay: python -m tests.chaos --seed {seed} --faults {faults})")
+    report = Run(seed, faults, tmp_path).execute()
+    print("\n".join(markdown(report)))
+    return report
+
+
+def assert_nothing_lost(report: dict[str, object]) -> None:
+    v = report["verdict"]
+    assert isinstance(v, dict)
+    seed = report["seed"]
+    assert v["lost"] == 0, f"seed {seed}: confirmed messages lost: {report['lost']}"
+    assert v["unexpected"] == 0, f"seed {seed}: messages nobody sent: {report['unexpected']}"
+    assert v["confirmed"] > 0
+
+
+def test_a_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
+    assert_nothing_lost(run(tmp_path, 30))
+
+
+@pytest.mark.soak
+def test_a_thousand_faults_lose_nothing(tmp_path: Path) -> None:
+    assert_nothing_lost(run(tmp_path, 1000))
+
+
+def test_the_checker_names_each_kind_of_anomaly() -> None:
+    v = check(attempted=["1", "2", "3", "4"], confirmed=["1", "2", "3"], delivered=["1", "1", "3", "4", "9"])
+    assert v.lost == ["2"] and v.duplicated == {"1": 2} and v.unexpected == ["9"] and v.recovered == ["4"]
+    assert v.summary() == {"attempted": 4, "confirmed": 3, "delivered": 5, "lost": 1, "duplicated": 1,
+                           "unexpected": 1, "recovered": 1}
+    assert not v.ok
+    assert check(["1"], ["1"], ["1"]).ok
+
+
+def test_a_seed_names_the_schedule() -> None:
+    a = schedule(7, 200, session=1.5)
+    assert a == schedule(7, 200, session=1.5) and a != schedule(8, 200, session=1.5)
+    assert {f.kind for f in a} == set(Kind)  # every fault kind is drawn in a long run
+    only = schedule(7, 50, session=1.5, only={Kind.KILL_BACKUP})
+    assert {f.kind for f in only} == {Kind.KILL_BACKUP} and all(0.3 <= f.duration <= 2.25 for f in only)
+    with pytest.raises(ValueError):
+        schedule(1, 1, 1.5, only=set())
