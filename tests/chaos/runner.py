@@ -33,6 +33,7 @@ from tests.zk.harness import TcpProxy, ZooKeeperServer, ensure_installed
 QUEUE = "chaos"
 SECOND = 10_000_000  # the second publisher's numbers start here
 FIRSTS = (1, SECOND)
+WINDOW = 1_000_000  # message-ids the queue remembers (more than a run sends)
 
 
 class ChaosError(AssertionError):
@@ -78,7 +79,8 @@ class Run:
             c.start()
             self._wait_whole("start")
             with ManagementClient(self._primary_url()) as m:
-                m.call("CREATE", "queue", QUEUE, {"arguments": {"durable": True}})
+                # publishers resend what was not confirmed, with the same message-id: the window drops the copies
+                m.call("CREATE", "queue", QUEUE, {"arguments": {"durable": True, "duplicate-window": WINDOW}})
             self.acked = [self.workdir / "acked-a.txt", self.workdir / "acked-b.txt"]
             received = self.workdir / "received.txt"
             common = ["--patience", "600", "--timeout", "3"]
