@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     fsync_result = fsync.measure(workdir, args.fsync_count)
     print(f"== disk: write + fdatasync p50 {fsync_result['p50_us']:.0f} µs, p99 {fsync_result['p99_us']:.0f} µs "
           f"({fsync_result['size']}-byte appends, {fsync_result['filesystem']})"
+          + "".join(f", {w} writers at once p50 {v:.0f} µs"
+                    for w, v in (fsync_result.get("concurrent_p50_us") or {}).items())
           + (f", ERROR {fsync_result['error']}" if fsync_result["error"] else ""), file=sys.stderr, flush=True)
     try:
         for name in names:

@@ -5,11 +5,16 @@ preallocation), then `fdatasync`. Here: the same on a fresh file in the bench's 
 broker's `--data-dir`), `count` times with `size` bytes each after a warm-up; the figure is the median of write +
 fdatasync. Python's own cost per call (a few µs) is in it and is small against a flush to the device. It prices the
 durable sync-latency goal: a durable message with one in flight waits for one such commit.
+
+`concurrent`: the same with 2 and 3 writers at once (threads, each on its own file; fdatasync releases the GIL), as
+a primary and its backups on one machine flush their journals at the same moment: when the device serializes
+flushes, their p50 is a multiple of the single writer's. Printed beside the goal figure, not used by it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,28 +48,53 @@ def mount_of(path: str, mounts_text: str) -> str:
     return best[1]
 
 
-def measure(directory: Path, count: int = 2000, size: int = 256) -> dict[str, Any]:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "fsync-probe.bin"
-    try:
-        filesystem = mount_of(str(path.resolve()), Path("/proc/mounts").read_text())
-    except OSError:
-        filesystem = "?"
+def _appends(path: Path, count: int, size: int, samples: list[float], errors: list[str],
+             start: threading.Barrier | None = None) -> None:
     data = b"\xa5" * size
-    samples: list[float] = []
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
+        if start is not None:
+            start.wait(30)
         for i in range(WARMUP + count):
             t0 = time.perf_counter()
             os.write(fd, data)
             os.fdatasync(fd)
             if i >= WARMUP:
                 samples.append((time.perf_counter() - t0) * 1e6)
-    except OSError as e:
-        out = summarize(samples, str(path), size, filesystem)
-        out["error"] = f"{type(e).__name__}: {e}"
-        return out
+    except (OSError, threading.BrokenBarrierError) as e:
+        errors.append(f"{type(e).__name__}: {e}")
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)
-    return summarize(samples, str(path), size, filesystem)
+
+
+def _concurrent_p50(directory: Path, writers: int, count: int, size: int) -> float:
+    samples: list[float] = []
+    errors: list[str] = []
+    start = threading.Barrier(writers)
+    threads = [threading.Thread(target=_appends, args=(directory / f"fsync-probe-{writers}-{i}.bin", count, size,
+                                                        samples, errors, start)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return float("nan") if errors else stats.percentile(samples, 50)
+
+
+def measure(directory: Path, count: int = 2000, size: int = 256, concurrent: tuple[int, ...] = (2, 3)
+            ) -> dict[str, Any]:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fsync-probe.bin"
+    try:
+        filesystem = mount_of(str(path.resolve()), Path("/proc/mounts").read_text())
+    except OSError:
+        filesystem = "?"
+    samples: list[float] = []
+    errors: list[str] = []
+    _appends(path, count, size, samples, errors)
+    out = summarize(samples, str(path), size, filesystem)
+    if errors:
+        out["error"] = errors[0]
+        return out
+    out["concurrent_p50_us"] = {str(w): _concurrent_p50(directory, w, max(1, count // 2), size) for w in concurrent}
+    return out

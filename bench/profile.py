@@ -8,6 +8,7 @@ the collapsed stacks and a flame graph (SVG) under bench/results/, and prints th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import re
 import shutil
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = PhaseSpec(args.phase, 1 if sync else args.publishers, args.consumers if args.phase == "e2e" else 0,
                      args.messages, None, 1 if sync else args.window, 200, 128, False)
     target = SCENARIOS[args.target]()
+    spec = dataclasses.replace(spec, durable=target.durable_messages)  # the *-durable targets: durable messages
     try:
         with target:
             target.start(workdir)

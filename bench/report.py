@@ -386,6 +386,8 @@ def fsync_line(f: dict[str, Any]) -> str:
     return (f"Disk (same run, the brokers' data dirs' file system {f.get('filesystem', '?')}): write + fdatasync of "
             f"{f.get('size', '?')}-byte appends p50 {_fmt(float(f.get('p50_us', math.nan)))} µs, p99 "
             f"{_fmt(float(f.get('p99_us', math.nan)))} µs ({f.get('samples', 0)} appends)"
+            + "".join(f"; {w} writers at once: p50 {_fmt(float(v))} µs"
+                      for w, v in (f.get("concurrent_p50_us") or {}).items())
             + (f"; ERROR {f['error']}" if f.get("error") else ""))
 
 

@@ -153,6 +153,8 @@ def test_fsync_summary_and_mount_lookup() -> None:
 def test_fsync_measure_on_a_real_file_leaves_nothing_behind(tmp_path: Path) -> None:
     r = fsync.measure(tmp_path, count=20, size=64)
     assert r["error"] is None and r["samples"] == 20 and r["p50_us"] > 0
+    assert set(r["concurrent_p50_us"]) == {"2", "3"} and all(v > 0 for v in r["concurrent_p50_us"].values())
+    assert "; 2 writers at once: p50" in report.fsync_line(r)
     assert list(tmp_path.iterdir()) == []
 
 
