@@ -410,6 +410,42 @@ class Queue:
             o.enqueued(self, entry)
         return entry
 
+    def restore(self, items: list[tuple[int, tuple[int, int, int, float | None, bytes, int]]]) -> list[Entry]:
+        """Recovery: messages `(position, (level, flags, count, expires, data, journal location))` in ascending
+        position order; onto an empty queue in one go (recovering 1M is measured), else one by one."""
+        if self.entries or self.paged is not None:
+            out = []
+            for pos, (level, flags, count, expires, data, loc) in items:
+                e = self.enqueue_replica(pos, data, level, flags, count, expires)
+                e.seg = loc
+                out.append(e)
+            return out
+        top, keep = self._levels - 1, REDELIVERED | DURABLE
+        entries, spine, avails = self.entries, self._spine, self._avail
+        out = []
+        nbytes = expiring = 0
+        for pos, (level, flags, count, expires, data, loc) in items:
+            e = Entry(pos, data, level if level <= top else top, expires or None, flags & keep)
+            e.count = count
+            e.seg = loc
+            entries[pos] = e
+            spine.append(e)
+            avails[e.level].append(e)
+            nbytes += len(data)
+            if e.expires is not None:
+                expiring += 1
+            out.append(e)
+        if out:
+            self.next_position = max(self.next_position, out[-1].position + 1)
+        self._available += len(out)
+        self.bytes += nbytes
+        self._expiring += expiring
+        self.stats.enqueued += len(out)
+        for o in self.observers:
+            for e in out:
+                o.enqueued(self, e)
+        return out
+
     def _insert(self, entry: Entry) -> None:
         position = entry.position
         self.entries[position] = entry

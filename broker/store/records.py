@@ -36,7 +36,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.errors import BrokerError
 
@@ -51,6 +51,7 @@ KINDS = {ENQUEUE: "enqueue", DEQUEUE: "dequeue", QUEUE: "queue", UNQUEUE: "unque
 
 _ENQ = struct.Struct(">IQBBId")  # queue, position, level, flags, count, expires (0 = none)
 ENQ_HEAD = _ENQ.size  # bytes of an ENQUEUE payload before the message
+ENQ = _ENQ  # for the replay's hot loop (broker.store.store.Image)
 ENQUEUE_OVERHEAD = FRAME.size + 1 + ENQ_HEAD  # bytes of an ENQUEUE record besides the message
 _DEQ = struct.Struct(">IQQ")
 _QID = struct.Struct(">I")
@@ -119,8 +120,7 @@ def document(kind: int, doc: dict[str, Any]) -> bytes:
     return frame(kind, json.dumps(doc, separators=(",", ":")).encode())
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):  # a tuple: a million of them are made at recovery
     kind: int
     payload: memoryview
     offset: int  # of the frame, in the buffer scanned
@@ -185,22 +185,25 @@ def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], ScanEn
     off = start
     out: list[Record] = []
     fsize = FRAME.size
+    # The loop runs once per record of every segment at recovery: local names, no method lookups.
+    unpack, crc32, kinds, append, new = FRAME.unpack_from, _crc, KINDS, out.append, tuple.__new__
     while off < n:
         if off + fsize > n:
             return out, ScanEnd(off, True, False, f"{n - off} bytes of an incomplete record header")
-        length, crc = FRAME.unpack_from(view, off)
-        end = off + fsize + length
+        length, crc = unpack(view, off)
+        body_at = off + fsize
+        end = body_at + length
         if length == 0 or length > MAX_RECORD:
             return out, _bad(off, n, end, f"record at byte {off} has an impossible length {length}")
         if end > n:
             return out, ScanEnd(off, True, False, f"record at byte {off} needs {length} bytes, {n - off - fsize} left")
-        body = view[off + fsize : end]
-        if _crc(body) != crc:
+        body = view[body_at:end]
+        if crc32(body) != crc:
             return out, _bad(off, n, end, f"record at byte {off} fails its CRC")
         kind = body[0]
-        if kind not in KINDS:
+        if kind not in kinds:
             return out, _bad(off, n, end, f"record at byte {off} has an unknown kind {kind}")
-        out.append(Record(kind, body[1:], off))
+        append(new(Record, (kind, view[body_at + 1:end], off)))
         off = end
     return out, ScanEnd(off, False, False)
 
