@@ -174,6 +174,7 @@ class HaNode(Extension):
 
     # ----- roles ------------------------------------------------------------------------------------------------
     def _become_backup(self) -> None:
+        self.server.wiring.mirroring = True  # auto-delete exchanges go when the primary says (broker.wiring)
         for q in self.server.wiring.queues.values():
             if P.queue_level(q, self.default_level) == "all":
                 q.locked = True
@@ -214,6 +215,7 @@ class HaNode(Extension):
                        forced=forced or from_state != HaState.READY)
         log.warning("ha.promoted", epoch=self.epoch, from_state=from_state.value, forced=forced,
                     expected_backups=expected)
+        self.server.wiring.mirroring = False
         for q in self.server.wiring.queues.values():
             q.locked = False
             if q.options.lvq_key is not None:  # a replica never applied replacements: index its keys now
