@@ -23,6 +23,7 @@ from broker import log as blog
 from broker.admin_socket import AdminSocket, AdminSocketError
 from broker.auth import SaslSetup, UsersFileError, load_users
 from broker.config import BrokerConfig, ConfigError, load_config
+from broker.metrics import MetricsError, MetricsServer
 from broker.server import Server
 from broker.store.records import JournalError
 
@@ -46,6 +47,8 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--sasl-mechanisms", {"help": "space or comma separated: ANONYMOUS PLAIN"}),
     ("--users-file", {"type": click.Path(path_type=Path), "help": "TOML users file for PLAIN (see docs)"}),
     ("--credit-window", {"type": int, "help": "credit given to each publisher link [500]"}),
+    ("--metrics-port", {"type": int, "help": "serve Prometheus metrics over HTTP on --host at this port (0 = any "
+                                             "free port; see docs/metrics.md) [off]"}),
     ("--ha-cluster/--no-ha-cluster", {"default": None, "help": "join an HA cluster (starts as a backup)"}),
     ("--ha-brokers-url", {"help": "comma list of every broker's own host:port (never the VIP)"}),
     ("--ha-public-url", {"help": "what clients use (e.g. the VIP host:port)"}),
@@ -114,6 +117,16 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         except AdminSocketError as e:
             click.echo(f"ha-broker: --admin-socket: {e}", err=True)
             return 1
+    metrics = MetricsServer(cfg.host, cfg.metrics_port, server) if cfg.metrics_port is not None else None
+    if metrics is not None:
+        try:
+            metrics.open()
+        except MetricsError as e:
+            blog.get_logger("broker").error("metrics.refused", description=str(e))
+            click.echo(f"ha-broker: --metrics-port: {e}", err=True)
+            if admin is not None:
+                admin.close()
+            return 2
     if cfg.pid_file is not None:
         cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
         cfg.pid_file.write_text(f"{os.getpid()}\n")
@@ -133,6 +146,8 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         click.echo(f"ha-broker: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", err=True)
         return 1
     finally:
+        if metrics is not None:
+            metrics.close()
         if admin is not None:
             admin.close()
         if cfg.pid_file is not None:

@@ -89,6 +89,8 @@ class BrokerConfig(BaseModel):
     sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN")
     users_file: Path | None = None
     credit_window: int = Field(500, ge=1, le=100_000)
+    # Prometheus endpoint (broker/metrics.py) on --host; None = off, 0 = any free port (logged as metrics.started).
+    metrics_port: int | None = Field(None, ge=0, le=65535)
 
     # HA
     ha_cluster: bool = False
@@ -179,6 +181,12 @@ class BrokerConfig(BaseModel):
             raise ValueError("--ha-coordinator zookeeper needs --zk-hosts")
         if (self.ha_username is None) != (self.ha_password is None):
             raise ValueError("--ha-username and --ha-password go together")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_port(self) -> BrokerConfig:
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port {self.metrics_port} is also --port (the AMQP listener)")
         return self
 
     @property

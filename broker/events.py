@@ -230,6 +230,10 @@ _EVENTS: tuple[Event, ...] = (
           (U("operation"), U("type"), U("name"), U("status"), U("user"))),
     Event("management.error", _ERR, _B, "a bug in a management operation: answered 500",
           (U("operation"), U("type"), U("name"), U("exception"))),
+    Event("metrics.started", _INFO, _B, "the Prometheus endpoint (`--metrics-port`, docs/metrics.md) listens",
+          (U("address", "host:port of the HTTP endpoint (GET /metrics)"),)),
+    Event("metrics.refused", _ERR, _B, "the Prometheus endpoint cannot listen (port taken, address not local): "
+          "the broker does not start (exit code 2)", (U("description", "the address and the system's reason"),)),
     Event("admin_socket.bad_request", _WARN, _B, "the admin socket received a request it could not read "
           "(answered 400)", (U("user", "the peer's Unix user"), U("reason"))),
     Event("queue.expired", _INFO, _B, "TTL expiry sweep removed messages (one line per sweep, not per message)",
