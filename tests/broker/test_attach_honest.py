@@ -37,7 +37,7 @@ def refused_attach(url: str, address: str, options: Any) -> tuple[str, str]:
             c.create_receiver(address, options=options)
         cond = info.value.link.remote_condition
         assert cond is not None
-        return cond.name, cond.description
+        return cond.name, cond.description or ""
     finally:
         c.close()
 
@@ -180,6 +180,7 @@ def test_a_coordinator_link_is_refused_as_transactions_not_supported(broker: Bro
         with pytest.raises(LinkDetached) as info:
             c.create_sender(None, options=CoordinatorTarget())
         cond = info.value.link.remote_condition
+        assert cond is not None
         assert (cond.name, cond.description) == (
             "amqp:not-implemented", "transactions are not supported: a coordinator link is refused")
     finally:
