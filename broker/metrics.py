@@ -60,9 +60,10 @@ class QueueFigures:
 
 @dataclass(frozen=True, slots=True)
 class BackupFigures:
-    """One other member of the cluster as this broker (a primary) sees it."""
+    """One other member of the cluster as this broker knows it (replication figures only on a primary)."""
 
     name: str
+    role: str
     state: str
     backlog: int | None  # None: the primary has no replication session with it (yet)
     lag_seconds: float | None
@@ -112,7 +113,7 @@ def take_snapshot(server: Server) -> Snapshot:
             lag_ms = m.get("lag_ms")
             catchup = m.get("catchup") or {}
             backups.append(BackupFigures(
-                str(m["name"]), str(m["state"]), m.get("backlog"),
+                str(m["name"]), str(m["role"]), str(m["state"]), m.get("backlog"),
                 None if lag_ms is None else float(lag_ms) / 1000.0, m.get("queues"), catchup.get("fraction")))
     return Snapshot(
         monotonic=time.monotonic(), broker=str(attrs["name"]), version=str(attrs["version"]),
@@ -216,8 +217,9 @@ def _queue_families(queues: Iterable[QueueFigures]) -> Iterator[Metric]:
 
 def _backup_families(backups: Iterable[BackupFigures]) -> Iterator[Metric]:
     bs = list(backups)
-    state = GaugeMetricFamily(_n("ha_backup_state"), "1 for each other member's state as this broker knows it",
-                              labels=["backup", "state"])
+    state = GaugeMetricFamily(_n("ha_member_state"), "1 for each other member's role and state as this broker "
+                              "knows them (a primary: its own view; a backup: its primary's list)",
+                              labels=["member", "role", "state"])
     lag = GaugeMetricFamily(_n("ha_backup_lag_seconds"),
                             "Age of the oldest replicated message this backup has not acknowledged (0: none)",
                             labels=["backup"])
@@ -227,7 +229,7 @@ def _backup_families(backups: Iterable[BackupFigures]) -> Iterator[Metric]:
     catchup = GaugeMetricFamily(_n("ha_backup_catchup_fraction"),
                                 "Share of the catch-up the backup has acknowledged (1: caught up)", labels=["backup"])
     for b in bs:
-        state.add_metric([b.name, b.state], 1)
+        state.add_metric([b.name, b.role, b.state], 1)
         if b.lag_seconds is not None:
             lag.add_metric([b.name], b.lag_seconds)
         if b.backlog is not None:
