@@ -87,7 +87,9 @@ class Run:
             senders = [spawn("send", c.urls, QUEUE, self.acked[0], "--count", "5000000", "--id-prefix", "a-", *common),
                        spawn("send", c.urls, QUEUE, self.acked[1], "--count", "5000000", "--first", str(SECOND),
                              "--id-prefix", "b-", *common)]
-            consumer = spawn("receive", c.urls, QUEUE, received, "--idle", "600")
+            self.flagged = self.workdir / "redelivered.txt"
+            consumer = spawn("receive", c.urls, QUEUE, received, "--idle", "600", "--patience", "600",
+                             "--redelivered-out", str(self.flagged))
             try:
                 self._confirming(time.monotonic(), "load start")
                 for f in plan:
@@ -270,7 +272,9 @@ class Run:
             confirmed += [str(n) for n in got]
             top = max(got, default=first - 1)
             attempted += [str(n) for n in range(first, top + 2)]  # in order; the next was in flight at the end
-        return check(attempted, confirmed, [str(n) for n in numbers(received)])
+        v = check(attempted, confirmed, [str(n) for n in numbers(received)])
+        self.flagged_duplicates = len(set(v.duplicated) & {str(n) for n in numbers(self.flagged)})
+        return v
 
     def _report(self, v: Verdict, seconds: float) -> dict[str, Any]:
         counts: dict[str, int] = defaultdict(int)
@@ -279,6 +283,8 @@ class Run:
         return {
             "seed": self.seed, "faults": len(self.done), "session_timeout": self.session,
             "seconds": round(seconds, 1), "mix": dict(sorted(counts.items())), "verdict": v.summary(),
+            # duplicates whose second delivery said so (delivery-count > 0): a consumer can tell them
+            "duplicated_flagged": getattr(self, "flagged_duplicates", 0),
             "lost": v.lost[:50], "duplicated": dict(list(v.duplicated.items())[:50]), "unexpected": v.unexpected[:50],
             "confirming_after": recovery_table(self.recovery), "whole_after": recovery_table(self.whole),
             "log": self.done,
@@ -292,8 +298,8 @@ def markdown(report: dict[str, Any]) -> Iterator[str]:
     yield ""
     yield "| attempted | confirmed | delivered | lost | duplicated | unexpected | recovered |"
     yield "|---|---|---|---|---|---|---|"
-    yield (f"| {v['attempted']} | {v['confirmed']} | {v['delivered']} | {v['lost']} | {v['duplicated']} | "
-           f"{v['unexpected']} | {v['recovered']} |")
+    yield (f"| {v['attempted']} | {v['confirmed']} | {v['delivered']} | {v['lost']} | {v['duplicated']} "
+           f"({report['duplicated_flagged']} flagged redelivered) | {v['unexpected']} | {v['recovered']} |")
     yield ""
     yield "| fault | count | confirming again p50 / p99 (s) | cluster whole p50 / p99 (s) |"
     yield "|---|---|---|---|"

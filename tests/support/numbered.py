@@ -61,9 +61,13 @@ def send(urls: list[str], queue: str, count: int, out: str, pause: float, first:
     return 0
 
 
-def receive(urls: list[str], queue: str, out: str, idle: float, until: int) -> int:
-    deadline = time.monotonic() + 180
+def receive(urls: list[str], queue: str, out: str, idle: float, until: int, patience: float = 180.0,
+            redelivered_out: str | None = None) -> int:
+    """Gives up when it cannot reconnect for `patience` seconds; with `redelivered_out`, the numbers that came
+    flagged as possible duplicates (delivery-count > 0) are also written there."""
+    deadline = time.monotonic() + patience
     got = 0
+    flagged = open(redelivered_out, "a", buffering=1) if redelivered_out else None  # noqa: SIM115
     with open(out, "a", buffering=1) as f:
         last = time.monotonic()
         while time.monotonic() - last < idle and (until <= 0 or got < until):
@@ -78,14 +82,19 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int) -> i
                             continue
                         raise
                     f.write(f"{m.body}\n")
+                    if flagged is not None and m.delivery_count:
+                        flagged.write(f"{m.body}\n")
                     r.accept()
                     got += 1
                     last = time.monotonic()
+                    deadline = last + patience
                 c.close()
             except Exception as e:
                 print(f"receiver: {type(e).__name__}: {e}; failing over", file=sys.stderr, flush=True)
                 if time.monotonic() > deadline:
                     return 1
+    if flagged is not None:
+        flagged.close()
     return 0
 
 
@@ -113,14 +122,15 @@ def main() -> int:
     ap.add_argument("--pause", type=float, default=0.0)
     ap.add_argument("--idle", type=float, default=30.0)
     ap.add_argument("--until", type=int, default=0)
+    ap.add_argument("--redelivered-out", help="receiver: also write here the numbers flagged as redelivered")
     ap.add_argument("--id-prefix", help="sender: message-id PREFIX+number on each message")
     ap.add_argument("--timeout", type=float, default=10.0, help="sender: seconds to wait for one settlement")
-    ap.add_argument("--patience", type=float, default=120.0, help="sender: seconds without a confirmation to give up")
+    ap.add_argument("--patience", type=float, default=120.0, help="seconds without progress before giving up")
     a = ap.parse_args()
     urls = a.urls.split(",")
     if a.mode == "send":
         return send(urls, a.queue, a.count, a.out, a.pause, a.first, a.patience, a.id_prefix, a.timeout)
-    return receive(urls, a.queue, a.out, a.idle, a.until)
+    return receive(urls, a.queue, a.out, a.idle, a.until, a.patience, a.redelivered_out)
 
 
 if __name__ == "__main__":
