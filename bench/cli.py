@@ -157,6 +157,21 @@ def machine() -> dict[str, Any]:
             "proton": getattr(proton, "VERSION", None) and ".".join(map(str, proton.VERSION))}
 
 
+def source_commit() -> str | None:
+    """The checked-out commit of the tree the brokers run from, '+dirty' when files differ from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) if head else None
+
+
 def background_busy_share(seconds: float = 1.0) -> float:
     """Share of the machine's CPU busy with other work while the bench is idle (other jobs skew every figure)."""
     b0, t0 = procstat.machine_busy()
@@ -204,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     names = args.targets.split(",")
     loadgen = choose_loadgen(args)
     phases = args.phases.split(",")
+    commit = source_commit()  # at the start: brokers started later run the code of this moment or newer
+    print(f"== source: {commit}", file=sys.stderr, flush=True)
     hop_result = hop.measure(loadgen or native.try_loadgen()[0], args.hop_count)  # in C whenever it builds
     print(f"== loopback one-way hop: {hop_result['hop_us']:.1f} µs (half the median TCP round trip of 1-byte "
           f"messages, {hop_result['method']})", file=sys.stderr, flush=True)
@@ -288,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     kinds = {n: i["kind"] for n, i in infos.items()}
     table = report.markdown(runs, names, kinds, catchups, hop=hop_result, client=args.client, fsync=fsync_result,
                             recoveries=recoveries, memories=memories)
-    out = {"started": started.isoformat(), "machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v)
+    out = {"started": started.isoformat(), "commit": commit, "machine": machine(), "config": {k: (str(v) if isinstance(v, Path) else v)
                                                                            for k, v in vars(args).items()},
            "client": args.client, "loadgen": str(loadgen) if loadgen else None, "hop": hop_result,
            "fsync": fsync_result, "targets": infos, "failures": failures, "runs": runs, "catchup": catchups,
