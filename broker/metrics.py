@@ -193,7 +193,7 @@ _QUEUE_GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 _QUEUE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("queue_enqueued", "enqueued", "Messages enqueued"),
-    ("queue_dequeued", "dequeued", "Messages removed (acknowledged, rejected to a dead-letter or dropped)"),
+    ("queue_dequeued", "dequeued", "Messages removed for any reason (acknowledged, rejected, expired, evicted, purged)"),
     ("queue_expired", "expired", "Messages removed by their TTL"),
     ("queue_duplicates", "duplicates", "Transfers dropped as duplicates (duplicate-window)"),
     ("queue_rejected_full", "rejected_full", "Transfers refused because the queue was full (reject policy)"),
