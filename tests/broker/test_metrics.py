@@ -4,16 +4,27 @@ figures must be what the test did; a taken port stops the start-up; the publishe
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import threading
 import time
 import urllib.request
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.metrics import SNAPSHOT_MAX_AGE, QueueFigures, Snapshot, SnapshotPublisher, families
+from broker.metrics import (
+    SNAPSHOT_MAX_AGE,
+    BackupFigures,
+    QueueFigures,
+    Snapshot,
+    SnapshotPublisher,
+    families,
+)
 from tests.support.amqp import connect, mgmt, receive, send
 from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
 
@@ -183,3 +194,33 @@ def test_before_the_loop_ever_answers_only_the_age_is_served_as_minus_one() -> N
     fams = list(families(p.get(), time.monotonic()))
     assert [(f.name, [s.value for s in f.samples]) for f in fams] == [("understudy_metrics_snapshot_age_seconds",
                                                                        [-1.0])]
+
+
+# ----- the docs and the dashboard name what the broker serves -----------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+_JOURNAL = {"segments": 1, "durable-queues": 1, "written": 10, "commits": 2, "failed": None, "paged": 0,
+            "paged-out": 0, "paged-in": 0}
+
+
+def _every_sample_name() -> set[str]:
+    s = replace(_snapshot(3), ha_state="active", ha_position=3, journal=_JOURNAL,
+                memory={"limit": 10, "used": 1, "over": False},
+                backups=(BackupFigures("b2", "backup", "ready", 0, 0.0, 1, 1.0),))
+    return {sample.name for f in families(s, time.monotonic()) for sample in f.samples}
+
+
+def test_docs_metrics_md_lists_exactly_the_metrics_served() -> None:
+    served = _every_sample_name()
+    documented = set(re.findall(r"^\| `(understudy_\w+)`", (ROOT / "docs/metrics.md").read_text(), re.M))
+    assert documented == served
+
+
+def test_the_grafana_dashboard_queries_only_metrics_that_exist() -> None:
+    dash = json.loads((ROOT / "deploy/grafana-understudy.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = {n for e in exprs for n in re.findall(r"\bunderstudy_\w+", e)}
+    used |= set(re.findall(r"\bunderstudy_\w+", json.dumps(dash["templating"])))
+    assert used and used <= _every_sample_name(), used - _every_sample_name()
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for topic in ("queue depth", "lag", "role", "epoch", "journal"):
+        assert topic in titles
