@@ -329,3 +329,47 @@ def test_partitioned_primary_loses_quorum_and_never_settles_alongside_the_new_on
     assert overlapping_settlers(settled_windows(brokers)) == []
     brokers.wait_online([n.name for n in brokers.nodes])
     brokers.wait_status("old primary back as backup", lambda s: old.name in s.unpromoted(RSC), timeout=120)
+
+
+def create_durable_queue(cluster: Cluster, queue: str) -> None:
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); "
+        "from tests.support.amqp import mgmt; "
+        f"c = mgmt({VIP + ':' + str(PORT)!r}); "
+        f"c.call('CREATE', 'queue', {queue!r}, {{'arguments': {{'durable': True}}}}); c.close()"
+    )
+    cluster.client([PYTHON, "-c", code])
+
+
+def test_after_every_broker_is_sigkilled_the_newest_store_is_promoted_and_nothing_confirmed_is_lost(
+    brokers: Cluster, tmp_path: Path
+) -> None:
+    create_durable_queue(brokers, "restart")
+    sender = Sender(brokers, tmp_path, queue="restart", interval=0.0)
+    try:
+        wait_for("300 durable messages acknowledged", lambda: len(sender.acked()) >= 300, 120)
+        pids = {node.name: broker_pid(node) for node in brokers.nodes}
+        assert None not in pids.values()
+        for pid in pids.values():  # every broker at once, under load
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        sender.stop()
+    acked = {n for _, n in sender.acked()}
+
+    def restarted_with_a_primary(s: ClusterStatus) -> bool:
+        return primary_with_vip(s) and all(broker_pid(n) not in (None, pids[n.name]) for n in brokers.nodes)
+
+    status = brokers.wait_status(
+        "every broker restarted, one promoted, the VIP on it", restarted_with_a_primary, timeout=240
+    )
+    new = brokers.node(status.promoted(RSC)[0])
+    log = (new.path("/var/lib/understudy") / "broker.log").read_text(errors="replace")
+    assert "promoted with the newest store" in log  # newest_store, not --force, not bootstrap
+    drained = brokers.client([PYTHON, CLIENT, "drain", "--url", f"{VIP}:{PORT}", "--queue", "restart"])
+    received = {int(x) for x in drained.stdout.split()}
+    assert acked - received == set(), f"acknowledged but lost: {sorted(acked - received)[:20]}"
+    for node in brokers.nodes:
+        if node is not new:
+            wait_for(f"{node.name} ready again", lambda n=node: query(brokers, n)["state"] == "ready", 120)
+    brokers.run(brokers.nodes[0], ["crm_resource", "--cleanup", "-r", RSC], check=False)
