@@ -246,7 +246,6 @@ class Cluster:
                 self.pending.setdefault(name, []).append(v)
 
     def promote(self, name: str, epoch: int) -> None:
-        was_ready = self.brokers[name].state == "ready"
         for b in self.brokers.values():
             b.attached, b.has_log = False, False
             if b.state != "primary":
@@ -254,9 +253,9 @@ class Cluster:
         self.pending.clear()
         self.epoch, self.seq, self.primary, self.ready = epoch, 0, name, set()
         p = self.brokers[name]
-        # HaNode.promote: adopt_epoch (a ready backup counts the new epoch as one it was ready in), then the state
-        # change, journaled with the list "primary of this epoch, nobody ready yet" (seq 0), then list 1.
-        p.record(epoch=epoch, ready_epoch=epoch if was_ready else None)
+        # HaNode.promote: adopt_epoch (ready_epoch unchanged), then the state change, journaled with the list
+        # "primary of this epoch, nobody ready yet" (seq 0), then list 1.
+        p.record(epoch=epoch)
         p.record(ready_epoch=epoch, v=ReadyView(epoch, 0, name))
         p.state, p.has_log = "primary", True
         self.new_list()
