@@ -183,7 +183,7 @@ def test_publisher_resending_after_sigkill_of_the_primary_delivers_each_id_exact
     ids = Counter(str(m.id) for m in got)
     dupes = sorted(i for i, n in ids.items() if n > 1)
     assert not dupes, f"{len(got) - len(ids)} duplicates, e.g. {dupes[:10]}"
-    assert sorted(int(m.body) for m in got) == list(range(1, count + 1))
+    assert sorted(int(str(m.body)) for m in got) == list(range(1, count + 1))
     with mgmt(c[1].url) as m:
         assert m.call("READ", "queue", "eo").body["duplicates"] >= 1000
 
