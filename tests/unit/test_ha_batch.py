@@ -141,3 +141,37 @@ def test_any_damage_raises_batch_error_or_parses_fully(records: list[tuple], dat
         assert r[0] >= 1
         if len(r) == 2:
             assert r[0] <= r[1]
+
+
+def test_version_2_records_come_back_in_order() -> None:
+    from ha.core.batch import Acquired, Released, Window
+
+    w = BatchWriter(version=2)
+    w.window([(b"Sa", 1.5), (b"L\x07", 2.0)])
+    w.dequeue(1, 2)
+    w.enqueue(5, 0, 16 | 32, 0, None, b"five")
+    w.acquired(5, 9)
+    w.released(6, 1, 2)
+    assert parse(w.payload(), MAX) == [Window("W", [(b"Sa", 1.5), (b"L\x07", 2.0)]), (1, 2),
+                                       (5, 0, 48, 0, 0.0, b"five"), Acquired("A", 5, 9), Released("R", 6, 1, 2)]
+    assert w.payload()[8:11] == b"UB\x02"
+
+
+def test_version_2_kinds_in_a_version_1_batch_are_refused() -> None:
+    w = BatchWriter(version=2)
+    w.acquired(1, 1)
+    payload = bytearray(w.payload())
+    payload[10] = 1
+    with pytest.raises(BatchError, match="unknown record kind"):
+        parse(bytes(payload), MAX)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 9, 14])
+def test_a_truncated_window_record_is_refused(cut: int) -> None:
+    w = BatchWriter(version=2)
+    w.window([(b"Sabc", 1.0), (b"Sdef", 2.0)])
+    payload = w.payload()
+    body = payload[8:]
+    body = body[: len(body) - cut]
+    with pytest.raises(BatchError):
+        parse(b"\x00\x53\x75\xb0" + len(body).to_bytes(4, "big") + body, MAX)
