@@ -263,8 +263,8 @@ _EVENTS: tuple[Event, ...] = (
            U("exchange", "the alternate exchange; null: the message was dropped"))),
     # ----- durable store and memory ---------------------------------------------------------------------------
     Event("journal.recovered", _INFO, _S, "the journal under `--data-dir` was read at start; the broker listens "
-          "next", (U("segments"), U("queues"), U("messages"), U("bytes", "of journal read"), U("exchanges"),
-                   U("bindings"), U("seconds", "recovery took"))),
+          "next", (U("segments"), U("queues"), U("messages"), U("bytes", "of the recovered message bodies"),
+                   U("exchanges"), U("bindings"), U("seconds", "recovery took"))),
     Event("journal.torn_tail", _WARN, _S, "the last segment ended in a partial record (a crash mid-write): cut off "
           "at start; only unconfirmed messages can be in it",
           (U("bytes", "cut off the last segment"), U("description", "what was incomplete"))),
