@@ -13,6 +13,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.server import Server
 from broker.store import records as R
+from broker.store.journal import INLINE_SYNC_BYTES
 
 
 @pytest.fixture
@@ -28,11 +29,22 @@ def server(tmp_path: Path) -> Iterator[Server]:
         s.engine.close()
 
 
+def settle(server: Server) -> None:
+    """Let every sync in flight (the start-up checkpoint's) report back."""
+    store = server.store
+    assert store is not None
+    deadline = time.monotonic() + 5
+    while store.tickets and time.monotonic() < deadline:
+        server.engine.run_once(0.02)
+    assert not store.tickets
+
+
 def test_when_synced_waits_for_the_sync_of_the_pass_that_journaled(server: Server) -> None:
     store = server.store
     assert store is not None
+    settle(server)
     done: list[str] = []
-    store.journal.append(R.document(R.STATE, {"probe": 1}))
+    store.journal.append(R.document(R.STATE, {"probe": "x" * (INLINE_SYNC_BYTES + 1)}))  # too big to sync inline
     store.when_synced(lambda: done.append("ack"))
     assert done == []  # journaled, not even written
     store.end_of_pass()  # written; the fdatasync runs in the syncer thread
@@ -53,3 +65,33 @@ def test_nothing_journaled_means_no_wait(server: Server) -> None:
     done: list[str] = []
     store.when_synced(lambda: done.append("ack"))
     assert done == ["ack"]
+
+
+def test_a_small_commit_with_nothing_in_flight_is_synced_in_its_own_pass(server: Server) -> None:
+    """One-at-a-time publishing: the pass's fdatasync runs on the loop, so what waits for it is released in the
+    same pass (no round trip through the syncer thread)."""
+    store = server.store
+    assert store is not None
+    settle(server)
+    done: list[str] = []
+    store.journal.append(R.document(R.STATE, {"probe": 2}))
+    store.when_synced(lambda: done.append("ack"))
+    store.end_of_pass()
+    assert done == ["ack"] and not store.tickets and store.journal.synced == store.journal.ticket
+
+
+def test_a_small_commit_behind_a_sync_in_flight_waits_for_the_thread(server: Server) -> None:
+    store = server.store
+    assert store is not None
+    settle(server)
+    done: list[str] = []
+    store.journal.append(R.document(R.STATE, {"probe": "x" * (INLINE_SYNC_BYTES + 1)}))
+    store.end_of_pass()  # a big commit: to the syncer thread
+    store.journal.append(R.document(R.STATE, {"probe": 3}))
+    store.when_synced(lambda: done.append("ack"))
+    store.end_of_pass()  # small, but the first is not known synced yet: it must not overtake it
+    assert done == [] and len(store.tickets) >= 1
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        server.engine.run_once(0.05)
+    assert done == ["ack"] and store.journal.synced == store.journal.ticket
