@@ -21,7 +21,7 @@ import click
 
 from broker import log as blog
 from broker.admin_socket import AdminSocket, AdminSocketError
-from broker.auth import SaslSetup, UsersFileError, load_users
+from broker.auth import ANONYMOUS, SaslSetup, User, UsersFileError, load_users
 from broker.config import BrokerConfig, ConfigError, load_config
 from broker.metrics import MetricsError, MetricsServer
 from broker.server import Server
@@ -57,8 +57,9 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--ha-flow-messages", {"type": int, "help": "replication credit in messages per queue [1000]"}),
     ("--ha-flow-bytes", {"type": int, "help": "replication credit in bytes [16 MiB]"}),
     ("--ha-heartbeat", {"type": float, "help": "heartbeat seconds; a peer silent for 2 is dead [2]"}),
-    ("--ha-username", {"help": "user for inter-broker connections"}),
-    ("--ha-password", {"help": "password for inter-broker connections"}),
+    ("--ha-username", {"help": "the replication user: brokers log in to each other as it, and only it may act as a "
+                               "backup (in --users-file if one is set; see docs/replication.md)"}),
+    ("--ha-password", {"help": "the replication user's password"}),
     ("--ha-lag-sample-max", {"type": int, "help": "log every ack as ha.lag below this rate per second [1000]"}),
     ("--ha-batched-acks/--no-ha-batched-acks", {"default": None, "help": "acknowledge replication in batches [on]"}),
     ("--ha-batch-bytes", {"type": int, "help": "replication batch size in bytes; 0 = one transfer per message [256 KiB]"}),
@@ -99,9 +100,10 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
             click.echo(f"ha-broker: {e}", err=True)
             return 2
     server = Server(cfg, bid, users)
-    if users:
+    logins = sasl_logins(cfg, users)
+    if logins:
         base = cfg.data_dir if cfg.data_dir is not None else Path(tempfile.mkdtemp(prefix="understudy-sasl-"))
-        setup = SaslSetup(base / "sasl", users, cfg.sasl_mechanisms)
+        setup = SaslSetup(base / "sasl", logins, cfg.sasl_mechanisms)
         try:
             setup.write()
         except (UsersFileError, OSError) as e:
@@ -157,6 +159,29 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     return 0
 
 
+def sasl_logins(cfg: BrokerConfig, users: dict[str, User]) -> dict[str, User]:
+    """Who can log in with PLAIN: the users file, else the replication user alone (the brokers' own credentials)."""
+    if users:
+        return users
+    if cfg.ha_username is not None and cfg.ha_password is not None:
+        return {cfg.ha_username: User(cfg.ha_username, cfg.ha_password, admin=True)}
+    return {}
+
+
+def users_problems(cfg: BrokerConfig, users: dict[str, User]) -> list[str]:
+    """The replication user against the users file: backups must be able to log in as it."""
+    name = cfg.ha_username
+    if name is None:
+        return []
+    if name.lower() == ANONYMOUS:
+        return [f"--ha-username: {name!r} is reserved (it is how an ANONYMOUS login is reported)"]
+    if not users:
+        return []
+    if name not in users:
+        return [f"--ha-username {name!r} is not in --users-file {cfg.users_file}: backups could not log in"]
+    return []
+
+
 Validator = Callable[[BrokerConfig], list[str]]
 
 
@@ -182,12 +207,18 @@ def make_command(plugins: list[Plugin], validators: list[Validator] | None = Non
             for line in problems:
                 click.echo(f"ha-broker: {line}", err=True)
             sys.exit(2)
+        users: dict[str, User] = {}
         if cfg.users_file is not None:
             try:
-                load_users(cfg.users_file)  # a bad users file is a configuration error too
+                users = load_users(cfg.users_file)  # a bad users file is a configuration error too
             except UsersFileError as e:
                 click.echo(f"ha-broker: {e}", err=True)
                 sys.exit(2)
+        problems = users_problems(cfg, users)
+        if problems:
+            for line in problems:
+                click.echo(f"ha-broker: {line}", err=True)
+            sys.exit(2)
         if validate_config:
             click.echo("configuration OK")
             sys.exit(0)

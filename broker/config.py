@@ -101,7 +101,9 @@ class BrokerConfig(BaseModel):
     ha_flow_messages: int = Field(1000, ge=1, le=1_000_000)
     ha_flow_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     ha_heartbeat: float = Field(2.0, gt=0, le=600)
-    ha_username: str | None = None
+    # The replication user: backups log in as it, and only it may replicate (or, with a users file, is an admin
+    # besides its own entry). Without a users file it is the brokers' own PLAIN login (see broker.auth).
+    ha_username: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
     ha_password: str | None = None
     ha_lag_sample_max: int = Field(1000, ge=1)
     ha_batched_acks: bool = True
@@ -171,8 +173,9 @@ class BrokerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross(self) -> BrokerConfig:
-        if "PLAIN" in self.sasl_mechanisms and self.users_file is None and self.sasl_mechanisms == ("PLAIN",):
-            raise ValueError("--sasl-mechanisms PLAIN needs --users-file")
+        if self.sasl_mechanisms == ("PLAIN",) and self.users_file is None and self.ha_username is None:
+            raise ValueError("--sasl-mechanisms PLAIN needs --users-file (or --ha-username/--ha-password: then "
+                             "the replication user is the only login)")
         if self.users_file is not None and not self.users_file.is_file():
             raise ValueError(f"--users-file {self.users_file}: no such file")
         if self.ha_cluster and not self.ha_brokers_url:
@@ -181,6 +184,12 @@ class BrokerConfig(BaseModel):
             raise ValueError("--ha-coordinator zookeeper needs --zk-hosts")
         if (self.ha_username is None) != (self.ha_password is None):
             raise ValueError("--ha-username and --ha-password go together")
+        # Who may replicate is who logs in as --ha-username (broker.auth.admit): with a users file, nobody else.
+        if self.ha_username is not None and "PLAIN" not in self.sasl_mechanisms:
+            raise ValueError("--ha-username needs PLAIN in --sasl-mechanisms (brokers log in with it)")
+        if self.ha_cluster and self.users_file is not None and self.ha_username is None:
+            raise ValueError("--ha-cluster with --users-file needs --ha-username and --ha-password: backups log in "
+                             "as that user, the only one allowed to replicate")
         return self
 
     @model_validator(mode="after")

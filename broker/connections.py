@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from proton import Condition, Endpoint, Link, Terminus
 
 from broker import __version__
-from broker.auth import SaslSetup
-from broker.client import KIND_PROPERTY  # connection property: client | admin | ha
+from broker.attach import MANAGEMENT
+from broker.auth import Admission, Kind, SaslSetup, Trust, admit
 from broker.engine import Conn
 from broker.errors import LinkError, Refusal, WiringError
 from broker.links import ConsumerLink, LinkHandler, PublisherLink
@@ -110,10 +110,10 @@ class Connections:
         st.user = event.transport.user if event.transport else None
         props = c.remote_properties or {}
         st.properties = dict(props)
-        kind = props.get(KIND_PROPERTY, "client")
-        st.kind = kind if kind in ("client", "admin", "ha") else "client"
-        st.admin = self._is_admin(st.user)
-        if st.kind == "ha" and self.server.config.ha_cluster:
+        # The role comes from who logged in; the properties only ask (broker.auth.admit).
+        granted = admit(self.trust(), st.user, props)
+        st.kind, st.admin = granted.kind.value, granted.admin
+        if st.kind == Kind.HA and self.server.config.ha_cluster:
             # Only replication connections are declared dead after two silent heartbeats; a client that is
             # busy in its own code for a while must not lose its connection.
             event.transport.idle_timeout = self.server.config.ha_heartbeat * 2
@@ -123,26 +123,31 @@ class Connections:
         for ext in self.server.extensions:
             props_out.update(ext.connection_properties())
         c.properties = props_out
+        if granted.refusal is not None:
+            # Who logged in may not be what it asked to be: refused before any extension sees it.
+            log.warning("access.refused", remote=st.remote, user=st.user, kind=granted.asked,
+                        condition=Admission.CONDITION, description=granted.refusal)
+            self._refuse_connection(c, st, Refusal(Admission.CONDITION, granted.refusal))
+            return
         try:
             for ext in self.server.extensions:
                 ext.admit(st)
         except Refusal as r:
-            st.refused = True
-            c.condition = Condition(r.condition, r.description, r.info)  # type: ignore[arg-type]
-            c.open()
-            c.close()
+            self._refuse_connection(c, st, r)
             log.warning("connection.refused", remote=st.remote, condition=r.condition, description=r.description)
             return
         c.open()
         log.info("connection.opened", connection=st.id, remote=st.remote, user=st.user, kind=st.kind)
 
-    def _is_admin(self, user: str | None) -> bool:
-        if not self.server.users:
-            return True
-        if user is not None and user == self.server.config.ha_username:
-            return True
-        u = self.server.users.get(user or "")
-        return bool(u and u.admin)
+    def trust(self) -> Trust:
+        return Trust.of(self.server.users, self.server.config.ha_username)
+
+    @staticmethod
+    def _refuse_connection(c: Any, st: ConnectionState, r: Refusal) -> None:
+        st.refused = True
+        c.condition = Condition(r.condition, r.description, r.info)  # type: ignore[arg-type]
+        c.open()
+        c.close()
 
     @guarded
     def on_session_remote_open(self, event: Any) -> None:
@@ -201,10 +206,14 @@ class Connections:
         st = self.conns.get(event.connection._impl)
         if st is None or link._impl in self.links:
             return
+        refusal = self._backup_refusal(link)
+        if refusal is not None:
+            self._refuse_link(link, st, Admission.CONDITION, refusal, access=True)
+            return
         try:
             handler = self.server.attacher.attach(link, st)
         except (LinkError, WiringError) as e:
-            self._refuse_link(link, st, e.condition, e.description)
+            self._refuse_link(link, st, e.condition, e.description, access=e.condition == Admission.CONDITION)
             return
         self.links[link._impl] = handler
         self.server.engine.add_fast(link, handler)
@@ -215,9 +224,40 @@ class Connections:
             handler.top_up()
         handler.on_flow()
 
-    def _refuse_link(self, link: Link, st: ConnectionState, condition: str, description: str) -> None:
+    def _backup_refusal(self, link: Link) -> str | None:
+        """A backup takes messages only from its primary's replication, which arrives on the backup's own
+        connection to the primary, never on an accepted one: every publisher attaching here is refused, whoever it
+        is (only requests to `$management` are sent to a backup)."""
+        if not link.is_receiver or link.remote_target.address == MANAGEMENT or not self._is_backup():
+            return None
+        return (f"{self.server.id} is a backup: its queues take messages only from its primary's replication "
+                "(publish to the primary)")
+
+    def _is_backup(self) -> bool:
+        return self.server.role_epoch()[0] == "backup"
+
+    def refuse_publishers(self, description: str) -> int:
+        """Detach every publisher attached on an accepted connection with `amqp:unauthorized-access` (the broker
+        has just become a backup). Returns how many."""
+        n = 0
+        for st in self.states():
+            for h in [h for h in st.links if isinstance(h, PublisherLink)]:
+                addr = h.link.remote_target.address
+                log.warning("access.refused", connection=st.id, remote=st.remote, user=st.user, kind=st.kind,
+                            address=addr, condition=Admission.CONDITION, description=description)
+                self.close_link(h.link, Admission.CONDITION, description)
+                n += 1
+        return n
+
+    def _refuse_link(self, link: Link, st: ConnectionState, condition: str, description: str,
+                     access: bool = False) -> None:
         addr = (link.remote_target if link.is_receiver else link.remote_source).address
-        log.warning("link.refused", connection=st.id, address=addr, condition=condition, description=description)
+        if access:  # who the peer is does not allow it
+            log.warning("access.refused", connection=st.id, remote=st.remote, user=st.user, kind=st.kind,
+                        address=addr, condition=condition, description=description)
+        else:
+            log.warning("link.refused", connection=st.id, address=addr, condition=condition,
+                        description=description)
         # Attach with a null terminus then detach with the error, as the spec asks.
         if link.is_receiver:
             link.target.type = Terminus.UNSPECIFIED

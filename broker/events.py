@@ -210,6 +210,16 @@ _EVENTS: tuple[Event, ...] = (
           (U("connection"), U("error", "AMQP condition or null"), U("unsettled_returned"))),
     Event("connection.refused", _WARN, _B, "e.g. redirect from a backup, failed login",
           (U("remote"), U("condition"), U("description"), _o("user"))),
+    Event("access.refused", _WARN, _B, "who the peer is does not allow what it asked (docs/replication.md, "
+          "\"Who may do what\"): a connection asking to be a backup (`kind` `ha`) without the replication user's "
+          "login (refused at open), or a publisher attaching to a backup, or attached when the broker became one "
+          "(detached); the peer gets `amqp:unauthorized-access` with the same description",
+          (U("remote", "host:port"), U("user", "the authenticated user (`anonymous` for ANONYMOUS)"),
+           U("kind", "the role asked for (at open) or granted (links)"), U("condition"), U("description"),
+           _o("connection", "links only"), _o("address", "links only: the link's node address"))),
+    Event("access.open", _WARN, _B, "an `--ha-cluster` broker with neither `--users-file` nor `--ha-username` "
+          "becomes a backup (at start-up, and again after a demotion): replication is not authenticated, any "
+          "connection may act as a backup (development on loopback only)", (U("description"),)),
     Event("connection.accept_failed", _ERR, _B, "the listening socket could not accept (e.g. out of file "
           "descriptors); tried again on the next readiness", (U("description"),)),
     Event("link.refused", _WARN, _B, "attach to unknown node, bad properties",

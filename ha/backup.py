@@ -83,6 +83,14 @@ class Backup:
 
     # ----- connection lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
+        # A backup's queues take messages only from its primary (broker.connections refuses new publishers): those
+        # attached while it was primary, on connections its demotion kept (admin tools), go now.
+        self.server.connections.refuse_publishers(
+            f"{self.server.id} became a backup: its queues take messages only from its primary's replication")
+        if self.server.connections.trust().open_replication:
+            log.warning("access.open", description="replication is not authenticated (no --users-file, no "
+                        "--ha-username): any connection may act as a backup of this broker; set "
+                        "--ha-username/--ha-password on every broker")
         self._connect()
 
     def stop(self) -> None:

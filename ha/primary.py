@@ -190,10 +190,16 @@ class Primary:
         return None
 
     def _backup_of(self, st: ConnectionState) -> RemoteBackup:
-        for b in self.backups.values():
-            if b.conn is st:
-                return b
-        raise LinkError("amqp:unauthorized-access", "replication links need an HA connection from a backup")
+        """The backup whose connection this is; anyone else attaching a replication link is refused. A connection
+        is a backup's only when its login was the replication user (broker.auth.admit granted it `ha`) and it was
+        admitted as one (`backup_connecting`)."""
+        if st.kind == "ha":
+            for b in self.backups.values():
+                if b.conn is st:
+                    return b
+        raise LinkError("amqp:unauthorized-access",
+                        f"replication links are for backups: connection {st.id} (user {st.user!r}, kind {st.kind}) "
+                        "is not one (a backup logs in as the replication user, --ha-username)")
 
     def _attach_queue(self, link: Any, st: ConnectionState, address: str) -> LinkHandler:
         b = self._backup_of(st)
