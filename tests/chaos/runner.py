@@ -33,6 +33,7 @@ from tests.zk.harness import TcpProxy, ZooKeeperServer, ensure_installed
 QUEUE = "chaos"
 SECOND = 10_000_000  # the second publisher's numbers start here
 FIRSTS = (1, SECOND)
+SUPERVISOR_DELAY = 10.0  # seconds after which a killed primary nobody replaced is restarted
 WINDOW = 1_000_000  # message-ids the queue remembers (more than a run sends)
 
 
@@ -58,6 +59,7 @@ class Run:
     whole: dict[Kind, list[float]] = field(default_factory=lambda: defaultdict(list))
     done: list[dict[str, Any]] = field(default_factory=list)
     rules: list[list[str]] = field(default_factory=list)
+    supervised: int = 0  # killed primaries the cluster could not do without (restarted, as a supervisor would)
 
     # ----- set-up ---------------------------------------------------------------------------------------------
     def execute(self) -> dict[str, Any]:
@@ -135,8 +137,15 @@ class Run:
         confirm: float | None = None
         if f.kind is Kind.KILL_PRIMARY:
             c[p].kill()
-            confirm = self._confirming(t0, what)
-            c[p].start()  # back as a backup
+            try:  # the others take over: it comes back as a backup
+                confirm = self._confirming(t0, what, timeout=2 * self.session + SUPERVISOR_DELAY)
+                c[p].start()
+            except ChaosError:
+                # Nobody else may take over (no backup was ready with it: it had dropped them and settled alone).
+                # A supervisor (Pacemaker, systemd, understudy-cluster) restarts it; its store is the newest.
+                self.supervised += 1
+                c[p].start()
+                confirm = self._confirming(t0, what)
         elif f.kind is Kind.STOP_PRIMARY:
             self._pause(c[p], f.duration)
         elif f.kind is Kind.KILL_BACKUP:
@@ -221,32 +230,38 @@ class Run:
     def _primary_url(self) -> str:
         return self.cluster[self._primary_index()].url
 
-    def _until(self, cond: Callable[[], bool], what: str) -> float:
-        deadline = time.monotonic() + self.recover_timeout
+    def _until(self, cond: Callable[[], bool], what: str, timeout: float | None = None) -> float:
+        limit = self.recover_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         while not cond():
             if time.monotonic() > deadline:
                 states = [(s or {}).get("state") for s in self._statuses()]
-                raise ChaosError(f"{what}: not recovered in {self.recover_timeout:.0f}s (states {states})")
+                raise ChaosError(f"{what}: not recovered in {limit:.0f}s (states {states})")
             time.sleep(0.05)
         return time.monotonic()
 
     def _wait_whole(self, what: str) -> float:
         def whole() -> bool:
+            """One active primary whose own member list has every other broker ready (a backup's own 'ready'
+            is not enough: after losing its primary it stays ready, for the election, until it rejoins)."""
             sts = self._statuses()
             prim = [s for s in sts if s is not None and s["role"] == "primary"]
-            return (len(prim) == 1 and prim[0]["state"] == "active"
-                    and all(s is not None and (s is prim[0] or s["state"] == "ready") for s in sts))
+            if len(prim) != 1 or prim[0]["state"] != "active":
+                return False
+            listed = {m.get("name"): m.get("state") for m in prim[0].get("members") or []}
+            others = [b.name for b in self.cluster.brokers if b.name != prim[0]["name"]]
+            return all(s is not None for s in sts) and all(listed.get(n) == "ready" for n in others)
 
         return self._until(whole, f"{what}: cluster whole")
 
-    def _confirming(self, t0: float, what: str) -> float:
+    def _confirming(self, t0: float, what: str, timeout: float | None = None) -> float:
         """Seconds from t0 until both publishers confirmed a message after t0."""
         base = [len(numbers(a)) for a in self.acked]
 
         def moved() -> bool:
             return all(len(numbers(a)) > n for a, n in zip(self.acked, base, strict=True))
 
-        return self._until(moved, f"{what}: publishers confirming") - t0
+        return self._until(moved, f"{what}: publishers confirming", timeout) - t0
 
     def _drain(self, received: Path, consumer: subprocess.Popen[bytes]) -> None:
         """Wait until the consumer accepted everything on the queue, then stop it."""
@@ -283,6 +298,7 @@ class Run:
         return {
             "seed": self.seed, "faults": len(self.done), "session_timeout": self.session,
             "seconds": round(seconds, 1), "mix": dict(sorted(counts.items())), "verdict": v.summary(),
+            "primary_restarted_to_recover": self.supervised,
             # duplicates whose second delivery said so (delivery-count > 0): a consumer can tell them
             "duplicated_flagged": getattr(self, "flagged_duplicates", 0),
             "lost": v.lost[:50], "duplicated": dict(list(v.duplicated.items())[:50]), "unexpected": v.unexpected[:50],
@@ -295,6 +311,9 @@ def markdown(report: dict[str, Any]) -> Iterator[str]:
     v = report["verdict"]
     yield (f"seed {report['seed']}, {report['faults']} faults in {report['seconds']:.0f} s "
            f"(ZooKeeper session {report['session_timeout']} s)")
+    if report.get("primary_restarted_to_recover"):
+        yield (f"{report['primary_restarted_to_recover']} killed primaries had to be restarted before the cluster "
+               "recovered (no backup was ready with them: they had dropped their backups and settled alone)")
     yield ""
     yield "| attempted | confirmed | delivered | lost | duplicated | unexpected | recovered |"
     yield "|---|---|---|---|---|---|---|"
