@@ -92,6 +92,7 @@ class Run:
             self.flagged = self.workdir / "redelivered.txt"
             consumer = spawn("receive", c.urls, QUEUE, received, "--idle", "600", "--patience", "600",
                              "--redelivered-out", str(self.flagged))
+            self.children = [*senders, consumer]
             try:
                 self._confirming(time.monotonic(), "load start")
                 for f in plan:
@@ -103,6 +104,10 @@ class Run:
             self._drain(received, consumer)
             verdict = self._verdict(received)
         finally:
+            for child in getattr(self, "children", []):
+                if child.poll() is None:
+                    child.kill()
+                    child.wait(10)
             self._heal_all()
             for b in factory.brokers:
                 if b.alive and b.proc is not None:
