@@ -255,7 +255,8 @@ _EVENTS: tuple[Event, ...] = (
           "settlement (a window never spans a change). Used to prove that two brokers never settle at once.",
           (U("count", "client transfers settled"), U("first_ts"), U("last_ts"), U("epoch"), U("role"))),
     Event("management.refused", _WARN, _B, "an operator's PURGE, MOVE or connection operation was refused (bad "
-          "request, unknown queue or connection, no room): answered with `status`",
+          "request, unknown queue or connection, no room), or a write to what a backup mirrors from its primary "
+          "(409): answered with `status`",
           (U("operation"), U("type"), U("name"), U("status"), U("description"), U("user"))),
     Event("queue.purged", _INFO, _B, "an operator purged a queue (`ha-admin purge`): `count` available messages "
           "removed; acquired ones stay with their consumers", (U("queue"), U("count"), U("user"))),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
     from broker.links import Completion, LinkHandler
+    from broker.management import Request, Response
     from broker.queue import Entry, Queue
     from broker.server import Server
 
@@ -48,6 +49,12 @@ class Extension:
     def attach(self, server: Server, link: Any, conn: ConnectionState, address: str) -> LinkHandler | None:
         """A peer attaches a link to `address`: return a handler to claim it (raise LinkError to refuse), or None
         to leave it to the broker."""
+        return None
+
+    # ----- management --------------------------------------------------------------------------------------------
+    def management_refusal(self, req: Request) -> Response | None:
+        """Before the broker handles a management request: a response to refuse it with (logged by the server as
+        `management.refused`), or None to let it through."""
         return None
 
     # ----- messages ----------------------------------------------------------------------------------------------

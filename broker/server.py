@@ -140,6 +140,11 @@ class Server:
     def handle_management(self, req: Request) -> Response:
         """One management request, whatever carried it (`$management` link or the admin socket)."""
         try:
+            refusal = next((r for ext in self.extensions if (r := ext.management_refusal(req)) is not None), None)
+            if refusal is not None:
+                log.warning("management.refused", operation=req.operation, type=req.type, name=req.name,
+                            status=refusal.status, description=refusal.description, user=req.user)
+                return refusal
             resp = self.management.handle(req)
         except Exception as e:  # a bug must not take the broker down; answer 500 and log it
             log.error("management.error", operation=req.operation, type=req.type, name=req.name, exc_info=True)

@@ -280,6 +280,27 @@ class HaNode(Extension):
         return props
 
     # ----- management -------------------------------------------------------------------------------------------
+    MIRRORED_WRITES = frozenset({"CREATE", "UPDATE", "DELETE", "PURGE", "MOVE"})
+
+    def management_refusal(self, req: Request) -> Response | None:
+        """A backup's replicated queues, and its exchanges and bindings, follow its primary: an operator's write to
+        them there would make the replica differ from the primary (silently: the primary never hears of it)."""
+        if self.primary is not None or req.type not in ("queue", "exchange", "binding"):
+            return None
+        op = req.operation.upper() if isinstance(req.operation, str) else ""
+        if op not in self.MIRRORED_WRITES:
+            return None
+        if req.type == "queue":
+            q = self.server.wiring.queues.get(req.name) if isinstance(req.name, str) else None
+            body = req.body if isinstance(req.body, dict) else {}
+            level = P.queue_level(q, self.default_level) if q is not None else \
+                P.described_queue_level(body, self.default_level)
+            if level == "none":  # not replicated: this broker's own
+                return None
+        where = f" at {self.primary_public_url}" if self.primary_public_url else ""
+        return Response(409, f"this broker is a backup: its {req.type}s follow its primary's; do this on the "
+                             f"primary{where}")
+
     def attributes(self) -> dict[str, Any]:
         return {"ha-state": self.state.value, "ha-role": self.state.role.value}
 

@@ -191,8 +191,6 @@ def test_with_nothing_authenticated_the_cluster_says_so(cluster: Make) -> None:
         assert any(e["event"] == "access.open" for e in b.events()), b.name
 
 
-@pytest.mark.xfail(strict=True, reason="a backup still takes management writes to replicated objects: needs a "
-                   "management hook (broker/management.py or broker/server.py + ha/node.py), see the issue notes")
 def test_a_backup_refuses_management_writes_to_replicated_objects(cluster: Make) -> None:
     c = cluster(2)
     c.start_with_primary(0)
@@ -201,6 +199,20 @@ def test_a_backup_refuses_management_writes_to_replicated_objects(cluster: Make)
     send(c[0].url, "orders", ["kept"])
     wait_for(lambda: c.queue_bodies(1, "orders") == ["kept"], 10, what="the replica")
     with ManagementClient(c[1].url) as m:
-        assert m.request("DELETE", "queue", "orders").status == 403
-        assert m.request("PURGE", "queue", "orders").status == 403
+        assert m.request("DELETE", "queue", "orders").status == 409
+        assert m.request("PURGE", "queue", "orders").status == 409
+        r = m.request("CREATE", "exchange", "local-x", {"type": "fanout"})
+        assert r.status == 409 and r.description.startswith("this broker is a backup") and "primary" in r.description
+        assert m.request("CREATE", "queue", "local-only", {"arguments": {"qpid.replicate": "none"}}).status == 201
+        assert m.request("DELETE", "queue", "local-only").status == 204  # not replicated: the backup's own
     assert c.queue_bodies(1, "orders") == ["kept"]
+    refused = [e for e in c[1].events() if e["event"] == "management.refused"]
+    assert {(e["operation"], e["type"]) for e in refused} >= {("DELETE", "queue"), ("PURGE", "queue")}
+    with ManagementClient(c[0].url) as m:  # the primary still takes them, and the backup follows
+        assert m.request("DELETE", "queue", "orders").status == 204
+    wait_for(lambda: not any(q == "orders" for q in _queues(c[1].url)), 10, what="the backup to follow")
+
+
+def _queues(url: str) -> list[str]:
+    with ManagementClient(url) as m:
+        return [r["name"] for r in m.call("QUERY", "queue").rows()]
