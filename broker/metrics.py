@@ -25,7 +25,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -69,6 +74,7 @@ class BackupFigures:
     lag_seconds: float | None
     queues: int | None
     catchup_fraction: float | None
+    lag_histogram: dict[str, Any] | None = None  # bounds, counts, sum, count (ha.core.lag.LagHistogram.to_wire)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +120,8 @@ def take_snapshot(server: Server) -> Snapshot:
             catchup = m.get("catchup") or {}
             backups.append(BackupFigures(
                 str(m["name"]), str(m["role"]), str(m["state"]), m.get("backlog"),
-                None if lag_ms is None else float(lag_ms) / 1000.0, m.get("queues"), catchup.get("fraction")))
+                None if lag_ms is None else float(lag_ms) / 1000.0, m.get("queues"), catchup.get("fraction"),
+                m.get("lag_histogram")))
     return Snapshot(
         monotonic=time.monotonic(), broker=str(attrs["name"]), version=str(attrs["version"]),
         uptime=float(attrs["uptime"]), role=str(attrs["role"]), epoch=int(attrs["epoch"]),
@@ -228,6 +235,18 @@ def _backup_families(backups: Iterable[BackupFigures]) -> Iterator[Metric]:
     queues = GaugeMetricFamily(_n("ha_backup_queues"), "Queues replicated to the backup", labels=["backup"])
     catchup = GaugeMetricFamily(_n("ha_backup_catchup_fraction"),
                                 "Share of the catch-up the backup has acknowledged (1: caught up)", labels=["backup"])
+    hist = HistogramMetricFamily(_n("ha_backup_replication_lag_seconds"),
+                                 "Replication lag (enqueue on the primary to the backup's acknowledgement) since "
+                                 "this broker became primary; from the ha.lag samples, each weighted by 1/sample_rate",
+                                 labels=["backup"])
+    for b in bs:
+        h = b.lag_histogram
+        if h is not None:
+            running, buckets = 0.0, []
+            for le, c in zip([*h["bounds"], "+Inf"], h["counts"], strict=True):
+                running += c
+                buckets.append((str(le) if le == "+Inf" else repr(float(le)), running))
+            hist.add_metric([b.name], buckets, float(h["sum"]))
     for b in bs:
         state.add_metric([b.name, b.role, b.state], 1)
         if b.lag_seconds is not None:
@@ -238,7 +257,7 @@ def _backup_families(backups: Iterable[BackupFigures]) -> Iterator[Metric]:
             queues.add_metric([b.name], b.queues)
         if b.catchup_fraction is not None:
             catchup.add_metric([b.name], b.catchup_fraction)
-    yield from (state, lag, backlog, queues, catchup)
+    yield from (state, lag, backlog, queues, catchup, hist)
 
 
 def _journal_families(j: dict[str, Any]) -> Iterator[Metric]:

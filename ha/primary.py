@@ -32,7 +32,7 @@ from ha.core.catchup import BackupCatchup, plan_catchup
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.guards import GuardBook
 from ha.core.idset import PositionSet
-from ha.core.lag import LagSampler
+from ha.core.lag import LagHistogram, LagSampler
 from ha.core.membership import Member, Membership
 from ha.core.states import HaState, Role
 from ha.replicating import AckLink, QueueWatch, ReplicatingSender, StatusLink
@@ -78,6 +78,7 @@ class Primary:
         self.timed_out: list[str] = []
         self._timer: Any = None
         self.seq = 0  # the number of the last member list of this epoch (Membership.seq)
+        self.lag_histograms: dict[str, LagHistogram] = {}  # per backup, since this broker became primary (metrics)
 
     # ----- install / uninstall ----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -342,8 +343,13 @@ class Primary:
             rate, picked = self.sampler.sample_batch(now, result.count)
             if picked:
                 backlog = self.guards.backlog(b.name)
+                hist = self.lag_histograms.get(b.name)
+                if hist is None:
+                    hist = self.lag_histograms[b.name] = LagHistogram()
+                weight = 1.0 / rate
                 for i in picked:
                     pos, enq = result.sample(i)
+                    hist.observe(now - enq, weight)
                     fast.info("ha.lag", {"queue": queue, "backup": b.name, "position": pos, "enqueue_ts": enq,
                                          "ack_ts": now, "lag_ms": round((now - enq) * 1000.0, 3),
                                          "backlog": backlog, "sample_rate": rate})
@@ -442,6 +448,7 @@ class Primary:
             "backlog": self.guards.backlog(name),
             "lag_ms": round((time.time() - oldest) * 1000.0, 1) if oldest is not None else 0.0,
             "queues": len(b.senders),
+            "lag_histogram": (self.lag_histograms.get(name) or LagHistogram()).to_wire(),
             "catchup": {"total": prog.total, "sent": prog.sent, "acked": prog.acked, "fraction": prog.fraction,
                         "waiting_for": b.catchup.waiting_for()[:10]},
         }

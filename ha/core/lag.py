@@ -110,3 +110,39 @@ class LagSample:
             "backlog": self.backlog,
             "sample_rate": self.sample_rate,
         }
+
+
+LAG_BOUNDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds
+
+
+class LagHistogram:
+    """Replication lag (enqueue to a backup's acknowledgement) of one backup, in fixed buckets (`LAG_BOUNDS`, seconds,
+    as Prometheus' `le`). Fed with the samples ``LagSampler`` keeps, each weighted by ``1 / sample_rate``, so the
+    counts estimate every acknowledgement (exact below the sampler's rate)."""
+
+    __slots__ = ("counts", "sum", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0.0] * (len(LAG_BOUNDS) + 1)  # the last one: above every bound
+        self.sum = 0.0
+        self.total = 0.0
+
+    def observe(self, seconds: float, weight: float = 1.0) -> None:
+        seconds = max(seconds, 0.0)
+        i = 0
+        while i < len(LAG_BOUNDS) and seconds > LAG_BOUNDS[i]:
+            i += 1
+        self.counts[i] += weight
+        self.sum += seconds * weight
+        self.total += weight
+
+    def cumulative(self) -> list[tuple[float, float]]:
+        """(le, count of samples <= le) for every bound and +inf."""
+        out, running = [], 0.0
+        for le, c in zip((*LAG_BOUNDS, math.inf), self.counts, strict=True):
+            running += c
+            out.append((le, running))
+        return out
+
+    def to_wire(self) -> dict[str, object]:
+        return {"bounds": list(LAG_BOUNDS), "counts": list(self.counts), "sum": self.sum, "count": self.total}

@@ -36,6 +36,11 @@ def test_scrapes_follow_replication_a_stalled_backup_and_a_failover(cluster: Mak
     assert value(p, "understudy_ha_backup_lag_seconds", backup="b2") == 0  # all acknowledged (sends were settled)
     assert value(p, "understudy_ha_backup_backlog", backup="b2") == 0
     assert value(p, "understudy_ha_backup_catchup_fraction", backup="b2") == 1
+    # every replicated message's lag, as a histogram (below the sampler's rate each acknowledgement counts once)
+    hist = "understudy_ha_backup_replication_lag_seconds"
+    assert value(p, f"{hist}_count", backup="b2") >= 40
+    assert value(p, f"{hist}_bucket", backup="b2", le="+Inf") == value(p, f"{hist}_count", backup="b2")
+    assert 0 < value(p, f"{hist}_sum", backup="b2") < 40 * 1.0  # each under a second on loopback
     assert value(p, "understudy_connections") >= 1  # the backup's replication connection
 
     b = scrape(c[1])
@@ -45,6 +50,7 @@ def test_scrapes_follow_replication_a_stalled_backup_and_a_failover(cluster: Mak
     assert value(b, "understudy_queue_depth", queue="orders") == 40  # replicated
     assert value(b, "understudy_ha_member_state", member="b1", role="primary", state="active") == 1
     assert value(b, "understudy_ha_backup_lag_seconds", backup="b1") is None  # a backup measures no lag
+    assert value(b, f"{hist}_count", backup="b1") is None
 
     # The backup stops acknowledging: the primary holds the next send, and its scrape shows lag and backlog.
     c[1].signal(signal.SIGSTOP)

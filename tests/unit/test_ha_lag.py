@@ -99,3 +99,19 @@ def test_batches_keep_the_rule_and_the_weights_recover_the_count() -> None:
     assert all(n <= 300 for n in per_second.values()), per_second  # about max_per_second lines per second
     assert LagSampler(100).sample_batch(1.0, 5) == (1.0, [0, 1, 2, 3, 4])  # under the limit: every one
     assert LagSampler(100).sample_batch(1.0, 0) == (1.0, [])
+
+
+def test_the_lag_histogram_counts_each_sample_by_its_weight_into_cumulative_buckets() -> None:
+    from ha.core.lag import LAG_BOUNDS, LagHistogram
+
+    h = LagHistogram()
+    h.observe(0.0004)  # <= 0.5 ms
+    h.observe(0.003, weight=4.0)  # a sample kept at rate 1/4 stands for four
+    h.observe(30.0)  # above every bound: only in +Inf
+    h.observe(-1.0)  # a clock step back counts as 0
+    cum = dict(h.cumulative())
+    assert cum[LAG_BOUNDS[0]] == 2 and cum[0.002] == 2 and cum[0.005] == 6 and cum[10.0] == 6
+    assert cum[float("inf")] == h.total == 7
+    assert abs(h.sum - (0.0004 + 0.012 + 30.0)) < 1e-9
+    wire = h.to_wire()
+    assert wire["count"] == 7 and len(wire["counts"]) == len(LAG_BOUNDS) + 1  # type: ignore[arg-type]
