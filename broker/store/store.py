@@ -50,6 +50,15 @@ log = get_logger("broker.store")
 
 COMPACT_LIVE_FRACTION = 0.1  # the oldest segment is compacted when fewer of its messages than this are live
 PROBE_INTERVAL = 1.0  # seconds between attempts to write again after a failure
+PROBE_HEADROOM = 1 << 20  # free bytes the disk needs before a failed journal is tried again
+
+
+def _free_bytes(directory: Path) -> int:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return PROBE_HEADROOM  # cannot tell: let the write itself decide
+    return st.f_bavail * st.f_frsize
 ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (docs/performance.md: 243 measured)
 READ_SPAN = 4 * 1024 * 1024  # bytes read back at once for paged messages
 LOC_OFFSET = (1 << 32) - 1  # Entry.seg = segment << 32 | offset
@@ -602,6 +611,12 @@ class Store(Extension):
     def _retry(self) -> None:
         self._probe = None
         if self.failed is None:
+            return
+        if _free_bytes(self.directory) < PROBE_HEADROOM:
+            # A probe record of a few hundred bytes may still fit on a disk too full for the next real commit:
+            # declaring the journal writable then would flap (failed / writable every second, and each durable
+            # publisher refused in between). Wait for room.
+            self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
             return
         try:
             if self.journal.fd < 0 or self.journal.full():  # no segment yet (failed at start), or time for one

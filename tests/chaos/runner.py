@@ -95,7 +95,8 @@ class Run:
                              "--id-prefix", "b-", *common)]
             self.flagged = self.workdir / "redelivered.txt"
             consumer = spawn("receive", c.urls, QUEUE, received, "--idle", "600", "--patience", "600",
-                             "--redelivered-out", str(self.flagged))
+                             "--redelivered-out", str(self.flagged),
+                             "--times-out", str(self.workdir / "received-times.txt"))
             self.children = [*senders, consumer]
             try:
                 self._confirming(time.monotonic(), "load start")
@@ -187,7 +188,8 @@ class Run:
         whole = self._wait_whole(what) - t0
         self.recovery[f.kind].append(confirm)
         self.whole[f.kind].append(whole)
-        self.done.append({"index": f.index, "fault": f.kind.value, "duration": f.duration, "target":
+        self.done.append({"index": f.index, "fault": f.kind.value, "duration": f.duration,
+                          "at": round(time.time() - (time.monotonic() - t0), 3), "target":
                           "all" if f.kind is Kind.KILL_ALL else c[p if "primary" in f.kind.value else backup].name,
                           "confirming_after": round(confirm, 3), "whole_after": round(whole, 3)})
         self.log(f"{what}: confirming after {confirm:.2f}s, whole after {whole:.2f}s")

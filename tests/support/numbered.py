@@ -62,12 +62,14 @@ def send(urls: list[str], queue: str, count: int, out: str, pause: float, first:
 
 
 def receive(urls: list[str], queue: str, out: str, idle: float, until: int, patience: float = 180.0,
-            redelivered_out: str | None = None) -> int:
+            redelivered_out: str | None = None, times_out: str | None = None) -> int:
     """Gives up when it cannot reconnect for `patience` seconds; with `redelivered_out`, the numbers that came
-    flagged as possible duplicates (delivery-count > 0) are also written there."""
+    flagged as possible duplicates (delivery-count > 0) are also written there; with `times_out`, each number with
+    the wall-clock time it was received."""
     deadline = time.monotonic() + patience
     got = 0
     flagged = open(redelivered_out, "a", buffering=1) if redelivered_out else None  # noqa: SIM115
+    stamps = open(times_out, "a", buffering=1) if times_out else None  # noqa: SIM115
     with open(out, "a", buffering=1) as f:
         last = time.monotonic()
         while time.monotonic() - last < idle and (until <= 0 or got < until):
@@ -82,6 +84,8 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int, pati
                             continue
                         raise
                     f.write(f"{m.body}\n")
+                    if stamps is not None:
+                        stamps.write(f"{m.body} {time.time():.3f}\n")
                     if flagged is not None and m.delivery_count:
                         flagged.write(f"{m.body}\n")
                     r.accept()
@@ -93,8 +97,9 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int, pati
                 print(f"receiver: {type(e).__name__}: {e}; failing over", file=sys.stderr, flush=True)
                 if time.monotonic() > deadline:
                     return 1
-    if flagged is not None:
-        flagged.close()
+    for extra in (flagged, stamps):
+        if extra is not None:
+            extra.close()
     return 0
 
 
@@ -122,6 +127,7 @@ def main() -> int:
     ap.add_argument("--pause", type=float, default=0.0)
     ap.add_argument("--idle", type=float, default=30.0)
     ap.add_argument("--until", type=int, default=0)
+    ap.add_argument("--times-out", help="receiver: also write 'number time' of each delivery here")
     ap.add_argument("--redelivered-out", help="receiver: also write here the numbers flagged as redelivered")
     ap.add_argument("--id-prefix", help="sender: message-id PREFIX+number on each message")
     ap.add_argument("--timeout", type=float, default=10.0, help="sender: seconds to wait for one settlement")
@@ -130,7 +136,7 @@ def main() -> int:
     urls = a.urls.split(",")
     if a.mode == "send":
         return send(urls, a.queue, a.count, a.out, a.pause, a.first, a.patience, a.id_prefix, a.timeout)
-    return receive(urls, a.queue, a.out, a.idle, a.until, a.patience, a.redelivered_out)
+    return receive(urls, a.queue, a.out, a.idle, a.until, a.patience, a.redelivered_out, a.times_out)
 
 
 if __name__ == "__main__":
