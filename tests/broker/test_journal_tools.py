@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from proton import Message
 
 from broker.store import records as R
@@ -260,20 +257,6 @@ def test_an_empty_journal_directory_is_clean_and_the_broker_starts_empty(tmp_pat
     b.start()
     with mgmt(b.url) as m:
         assert m.call("READ", "broker", "broker").body["journal"]["durable-queues"] == 0
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs: a disk that fills up (root only; the same as tests/broker/test_store.py's)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fill_up(disk: Path) -> Path:

@@ -4,10 +4,7 @@ messages with a precise error and loses nothing already acknowledged."""
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -149,20 +146,6 @@ def test_old_segments_are_dropped_or_compacted_and_recovery_is_exact(brokers: Br
     restart_after_kill(b)
     assert drain(b.url, "long") == ["stays"]
     assert drain(b.url, "busy") == []
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs: a disk that fills up (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
