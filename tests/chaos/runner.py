@@ -173,11 +173,7 @@ class Run:
             time.sleep(f.duration)
             self.zk.start()
         elif f.kind is Kind.KILL_ALL:
-            pids = [b.proc.pid for b in c.brokers if b.proc is not None and b.alive]
-            for pid in pids:
-                os.killpg(pid, signal.SIGKILL)
-            for b in c.brokers:
-                b.kill()
+            c.kill_all_at_once()
             order = random.Random(f.pick).sample(range(len(c.brokers)), len(c.brokers))
             for i in order:
                 c[i].start(wait=False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 
 from tests.support.amqp import mgmt
 from tests.support.bulk import take
-from tests.support.cluster import Cluster
 from tests.support.numbered import numbers, spawn
 from tests.support.procs import BrokerFactory, wait_for
 from tests.zk.conftest import ZkTest
@@ -26,15 +24,6 @@ from tests.zk.test_broker_zk import SESSION, check_history, wait_primary, zk_clu
 pytestmark = pytest.mark.zookeeper
 
 SECOND_RANGE = 10_000_000  # the second publisher's numbers start here
-
-
-def kill_all_at_once(c: Cluster) -> None:
-    pids = [b.proc.pid for b in c.brokers if b.proc is not None and b.alive]
-    for pid in pids:  # one tight loop: no broker sees another go first
-        os.killpg(pid, signal.SIGKILL)
-    for b in c.brokers:
-        if b.proc is not None:
-            b.proc.wait(10)
 
 
 def kill_rounds(zk: ZkTest, brokers: BrokerFactory, tmp_path: Path, rounds: int, seed: int) -> None:
@@ -55,7 +44,7 @@ def kill_rounds(zk: ZkTest, brokers: BrokerFactory, tmp_path: Path, rounds: int,
             wait_for(lambda before=before: sum(len(numbers(a)) for a in acked) > before + 50, SESSION + 60,
                      what=f"publishers confirming again (round {r}, seed {seed})")
             time.sleep(rng.uniform(0.0, 1.0))  # a random moment under load
-            kill_all_at_once(c)
+            c.kill_all_at_once()
             order = rng.sample(range(len(c.brokers)), len(c.brokers))
             for i in order:
                 c[i].start(wait=False)
