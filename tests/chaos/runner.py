@@ -294,9 +294,7 @@ class Run:
             confirmed += [str(n) for n in got]
             top = max(got, default=first - 1)
             attempted += [str(n) for n in range(first, top + 2)]  # in order; the next was in flight at the end
-        v = check(attempted, confirmed, [str(n) for n in numbers(received)])
-        self.flagged_duplicates = len(set(v.duplicated) & {str(n) for n in numbers(self.flagged)})
-        return v
+        return check(attempted, confirmed, [str(n) for n in numbers(received)])
 
     def _report(self, v: Verdict, seconds: float) -> dict[str, Any]:
         counts: dict[str, int] = defaultdict(int)
@@ -307,7 +305,7 @@ class Run:
             "seconds": round(seconds, 1), "mix": dict(sorted(counts.items())), "verdict": v.summary(),
             "primary_restarted_to_recover": self.supervised,
             # duplicates whose second delivery said so (delivery-count > 0): a consumer can tell them
-            "duplicated_flagged": getattr(self, "flagged_duplicates", 0),
+            "duplicated_flagged": len(v.duplicated.keys() & {str(n) for n in numbers(self.flagged)}),
             "lost": v.lost[:50], "duplicated": dict(list(v.duplicated.items())[:50]), "unexpected": v.unexpected[:50],
             "confirming_after": recovery_table(self.recovery), "whole_after": recovery_table(self.whole),
             "log": self.done,
