@@ -302,6 +302,7 @@ class Store(Extension):
             q, _ = wiring.declare_queue(doc["name"], doc.get("arguments") or {}, uuid=doc.get("uuid"))
             state = self._track(q, qid)
             kept, index = image.split(qid)
+            before = q.bytes
             restored = q.restore(kept)
             segs: dict[int, int] = {}
             for e in restored:
@@ -310,7 +311,7 @@ class Store(Extension):
             for seg, n in segs.items():
                 _count(state.live, seg, n)
             report.messages += len(restored)
-            report.bytes += sum(len(m[4]) for _, m in kept)
+            report.bytes += q.bytes - before  # restore counted them
             if index is not None:
                 q.paged = index
                 q.plain = False
