@@ -15,6 +15,7 @@ from broker.links import ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.management_link import ManagementLink
 from broker.queue import Queue
 from broker.terminus import binding_key_from_filter, node_properties, refuse_filters
+from broker.transactions import CoordinatorLink
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -31,9 +32,9 @@ class Attacher:
 
     def attach(self, link: Link, st: ConnectionState) -> LinkHandler:
         if link.is_receiver and link.remote_target.type == Terminus.COORDINATOR:
-            # Not an anonymous relay (its address is null too): a client declaring a transaction must hear that
-            # transactions are not there, not get a link whose transfers fail for a missing `to`.
-            raise LinkError("amqp:not-implemented", "transactions are not supported: a coordinator link is refused")
+            # Not an anonymous relay (its address is null too): declare and discharge (broker.transactions).
+            _copy_terminus(link)
+            return CoordinatorLink(self.server, link, st)
         _copy_terminus(link)
         terminus = link.remote_target if link.is_receiver else link.remote_source
         address = terminus.address

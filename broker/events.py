@@ -272,6 +272,21 @@ _EVENTS: tuple[Event, ...] = (
           "through the alternate exchange, or dropped when `exchange` is null",
           (U("queue"), U("position"), U("count", "failed deliveries (the limit)"),
            U("exchange", "the alternate exchange; null: the message was dropped"))),
+    Event("transaction.committed", _DEBUG, _B, "a client committed a transaction (docs/transactions.md): its "
+          "messages were enqueued and the messages it accepted dequeued, in one pass",
+          (U("connection"), U("messages", "messages the transaction enqueued"),
+           U("count", "consumer outcomes (accepted, rejected) it applied"))),
+    Event("transaction.rolled_back", _INFO, _B, "a transaction ended without a commit: its held messages were "
+          "dropped and the messages it had taken released (delivery-count + 1). `debug` when the client asked "
+          "(`reason` `discharge`)",
+          (U("connection"), U("reason", "`discharge` (the client rolled back), `detached` (its coordinator link, "
+                                        "session or connection ended first), `commit_failed`"),
+           U("messages", "held messages dropped"), U("count", "messages released to their queues")),
+          also=(_DEBUG,)),
+    Event("transaction.commit_failed", _WARN, _B, "a commit could not be applied whole (a queue gone or full, the "
+          "journal or --max-memory refusing): nothing of it was applied, it was rolled back and the client's "
+          "discharge rejected with `amqp:transaction:rollback`",
+          (U("connection"), U("condition", "why a message could not be taken"), U("description"))),
     # ----- durable store and memory ---------------------------------------------------------------------------
     Event("journal.recovered", _INFO, _S, "the journal under `--data-dir` was read at start; the broker listens "
           "next", (U("segments"), U("queues"), U("messages"), U("bytes", "of the recovered message bodies"),

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from broker.wiring import WiringEvent
 
 _get_drain = raw.lib.pn_link_get_drain
+TRANSACTIONAL = 0x34  # a delivery state transactional-state (AMQP 1.0 part 4): broker.transactions
 
 
 class LinkHandler:
@@ -117,6 +118,9 @@ class PublisherLink(LinkHandler):
             self._too_big()
             return
         data = raw.recv(self.l, n)
+        if raw.delivery_remote_state(d) == TRANSACTIONAL:
+            self.server.transactions.transfer(self, d, data)
+            return
         self.unsettled += 1
         try:
             self.server.route(self, d, data)
@@ -198,6 +202,10 @@ class ConsumerLink(LinkHandler):
                 raw.delivery_settle(d)
             return
         if not state and not raw.delivery_settled(d):
+            return
+        if state == TRANSACTIONAL:
+            if self.server.transactions.outcome(self, d, entry):
+                del self.unacked[d]
             return
         del self.unacked[d]
         q = self.queue

@@ -66,6 +66,15 @@ class Router:
                     c.pending += 1
         c.release()
 
+    def enqueue_committed(self, address: str, data: bytes) -> list[tuple[Queue, Entry]]:
+        """A committed transaction's message (broker.transactions, which checked routes and room first)."""
+        priority, expires, durable = decode(data, trusted=True)
+        return self._route(address, self.queues.get(address), data, priority, expires, durable)
+
+    def check_refusing(self, address: str, targets: list[Queue], durable: bool) -> None:
+        """Raise as `route` would while the broker is refusing (journal failed, memory over the bound)."""
+        self._refuse(address, targets[0] if len(targets) == 1 and targets[0].name == address else None, durable)
+
     def _refuse(self, address: str, q: Queue | None, durable: bool) -> None:
         """While the journal cannot write, a durable message for a durable queue is refused; while memory is over
         --max-memory, a message that cannot be paged to disk is (see broker.memory)."""

@@ -33,6 +33,7 @@ from broker.memory import MemoryBound
 from broker.queue import Queue
 from broker.router import Router
 from broker.store.store import Store
+from broker.transactions import Transactions
 from broker.wiring import Wiring, WiringEvent
 
 log = get_logger("broker")
@@ -86,6 +87,7 @@ class Server:
             self.extensions.append(self.memory)
         self.refusing = False  # the router checks each message (journal failed, or memory over the bound)
         self.attacher = Attacher(self)
+        self.transactions = Transactions(self)
         self.connections = Connections(self)
         self.router = Router(self)
         # The hot path calls these through the server: bound once.

@@ -2,7 +2,7 @@
 
 Source filters: a receiver from an exchange may ask for its binding key (Qpid's legacy binding filters); every other
 filter, and any filter on a queue, is refused with amqp:not-implemented naming it, instead of being echoed and
-ignored. A coordinator (transaction) link is refused as such. An exchange's `alternate-exchange` takes what no binding
+ignored. A coordinator (transaction) link is a coordinator, not an anonymous relay (tests/broker/test_transactions.py). An exchange's `alternate-exchange` takes what no binding
 matches, and an `auto-delete` exchange goes with its last binding.
 """
 
@@ -174,20 +174,16 @@ class CoordinatorTarget(LinkOption):
         link.target.type = Terminus.COORDINATOR
 
 
-def test_a_coordinator_link_is_refused_as_transactions_not_supported(broker: BrokerProcess) -> None:
+def test_a_coordinator_link_is_attached_as_a_coordinator_not_a_relay(broker: BrokerProcess) -> None:
     c = connect(broker.url)
     try:
-        with pytest.raises(LinkDetached) as info:
-            c.create_sender(None, options=CoordinatorTarget())
-        cond = info.value.link.remote_condition
-        assert cond is not None
-        assert (cond.name, cond.description) == (
-            "amqp:not-implemented", "transactions are not supported: a coordinator link is refused")
+        s = c.create_sender(None, options=CoordinatorTarget())
+        assert s.link.remote_target.type == Terminus.COORDINATOR
     finally:
         c.close()
 
 
-def test_proton_transaction_api_hears_transactions_are_not_supported(broker: BrokerProcess) -> None:
+def test_proton_transaction_api_declares_a_transaction(broker: BrokerProcess) -> None:
     class Declare(MessagingHandler, TransactionHandler):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
@@ -212,8 +208,7 @@ def test_proton_transaction_api_hears_transactions_are_not_supported(broker: Bro
 
     h = Declare()
     Container(h).run()
-    assert h.outcome == ("link error", "amqp:not-implemented",
-                         "transactions are not supported: a coordinator link is refused")
+    assert h.outcome == ("declared",)
 
 
 # ----- exchange arguments ---------------------------------------------------------------------------------------
