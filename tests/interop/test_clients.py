@@ -11,10 +11,11 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support.amqp import drain, receive, send
+from tests.support.amqp import connect, drain, receive, send
 from tests.support.procs import BIN, BrokerProcess
 
 pytestmark = pytest.mark.interop
@@ -66,6 +67,40 @@ def test_rhea_gets_not_found_for_an_unknown_address(broker: BrokerProcess) -> No
     r = rhea("send", broker, "no-such-queue", 1)
     assert r.returncode == 1
     assert "amqp:not-found" in r.stderr
+
+
+def rhea_txn(mode: str, b: BrokerProcess, source: str, target: str, count: int) -> dict[str, Any]:
+    """tests/interop/rhea_txn.js: take `count` from `source` and send `count` to `target` in one transaction."""
+    assert NODE is not None and b.port is not None
+    r = subprocess.run([NODE, str(HERE / "rhea_txn.js"), mode, "127.0.0.1", str(b.port), source, target, str(count)],
+                       capture_output=True, text=True, timeout=60, cwd=HERE)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout.splitlines()[-1]))
+
+
+@needs_rhea
+def test_rhea_commits_a_transaction_of_sends_and_accepts(shared_broker: BrokerProcess, qname: str) -> None:
+    url = shared_broker.url
+    send(url, qname + "-in", ["a", "b", "c"])
+    got = rhea_txn("commit", shared_broker, qname + "-in", qname + "-out", 2)
+    # transfers answered with transactional-state (0x34), the commit accepted (0x24)
+    assert got == {"declared": True, "sent": [0x34, 0x34], "discharge": 0x24, "condition": None}
+    assert drain(url, qname + "-out") == ["rhea-txn-0", "rhea-txn-1"]
+    assert drain(url, qname + "-in") == ["c"]
+
+
+@needs_rhea
+def test_rhea_rolls_back_a_transaction_of_sends_and_accepts(shared_broker: BrokerProcess, qname: str) -> None:
+    url = shared_broker.url
+    send(url, qname + "-in", ["a", "b"])
+    got = rhea_txn("rollback", shared_broker, qname + "-in", qname + "-out", 2)
+    assert got["discharge"] == 0x24
+    assert drain(url, qname + "-out") == []
+    c = connect(url)
+    r = c.create_receiver(qname + "-in", credit=2)
+    again = [r.receive(5) for _ in range(2)]
+    assert [(m.body, m.delivery_count) for m in again] == [("a", 1), ("b", 1)]  # released as failed deliveries
+    c.close()
 
 
 def cli(tool: Path, b: BrokerProcess, address: str, *args: str) -> subprocess.CompletedProcess[str]:
