@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from proton import Link, Terminus
 
+from broker.acl import Action, Kind
 from broker.errors import LinkError
 from broker.links import ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.management_link import ManagementLink
@@ -59,17 +60,26 @@ class Attacher:
             link.target.dynamic = True
             return PublisherLink(self.server, link, st, q.name)
         if address is None:
-            return PublisherLink(self.server, link, st, None)  # anonymous relay
+            return PublisherLink(self.server, link, st, None)  # anonymous relay (each `to` checked by the router)
+        access = self.server.access
+        kind = Kind.EXCHANGE if address in self.wiring.exchanges else Kind.QUEUE
+        grant = access.attach(st, Action.PUBLISH, kind, address)
         if address not in self.wiring.queues and address not in self.wiring.exchanges:
+            access.attach(st, Action.CREATE, Kind.QUEUE, address)
             self._auto_create(address, target.properties)
-        return PublisherLink(self.server, link, st, address)
+        h = PublisherLink(self.server, link, st, address)
+        access.track(h, grant)
+        return h
 
     def _sender(self, link: Any, st: ConnectionState, address: str | None) -> LinkHandler:
         """The peer receives from us."""
         source = link.remote_source
+        access = self.server.access
         if address == EVENTS:
             refuse_filters(source.filter, f"the event stream {EVENTS}")
+            grant = access.attach(st, Action.BROWSE, Kind.BROKER, EVENTS)
             h = EventsLink(self.server, link, st)
+            access.track(h, grant)
             self.server.events_links.add(h)
             return h
         if source.dynamic:
@@ -80,13 +90,21 @@ class Attacher:
         if address is None:
             raise LinkError("amqp:invalid-field", "a receiving link needs a source address")
         if address in self.wiring.exchanges:
-            return self._subscribe_exchange(link, st, address)
+            grant = access.attach(st, Action.CONSUME, Kind.EXCHANGE, address)
+            sub = self._subscribe_exchange(link, st, address)
+            access.track(sub, grant)
+            return sub
         refuse_filters(source.filter, f"queue {address!r}")  # before auto-create: a refused attach creates nothing
+        browse = source.distribution_mode == Terminus.DIST_MODE_COPY
+        # Checked before auto-create too: a refused attach creates nothing.
+        grant = access.attach(st, Action.BROWSE if browse else Action.CONSUME, Kind.QUEUE, address)
         found = self.wiring.queues.get(address)
         if found is None:
+            access.attach(st, Action.CREATE, Kind.QUEUE, address)
             found = self._auto_create(address, source.properties)
-        browse = source.distribution_mode == Terminus.DIST_MODE_COPY
-        return self.consumer(link, st, found, browse)
+        c = self.consumer(link, st, found, browse)
+        access.track(c, grant)
+        return c
 
     def consumer(self, link: Any, st: ConnectionState, q: Queue, browse: bool) -> ConsumerLink:
         if q.locked:

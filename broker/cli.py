@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from broker import acl as bacl
 from broker import log as blog
 from broker.admin_socket import AdminSocket, AdminSocketError
 from broker.auth import ANONYMOUS, SaslSetup, User, UsersFileError, load_users
@@ -46,6 +47,8 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--max-message-size", {"type": int, "help": "largest accepted message in bytes [10 MiB]"}),
     ("--sasl-mechanisms", {"help": "space or comma separated: ANONYMOUS PLAIN"}),
     ("--users-file", {"type": click.Path(path_type=Path), "help": "TOML users file for PLAIN (see docs)"}),
+    ("--acl-file", {"type": click.Path(path_type=Path), "help": "TOML access rules; reloaded on SIGHUP (see "
+                                                               "docs/access-control.md) [everything allowed]"}),
     ("--credit-window", {"type": int, "help": "credit given to each publisher link [500]"}),
     ("--metrics-port", {"type": int, "help": "serve Prometheus metrics over HTTP on --host at this port (0 = any "
                                              "free port; see docs/metrics.md) [off]"}),
@@ -110,6 +113,13 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
             click.echo(f"ha-broker: {e}", err=True)
             return 2
         server.sasl_dir = setup.directory
+    if cfg.acl_file is not None:
+        try:
+            server.access.install(bacl.load(cfg.acl_file), "start")
+        except bacl.AclError as e:
+            click.echo(f"ha-broker: {e}", err=True)
+            return 2
+        signal.signal(signal.SIGHUP, lambda *_: _on_sighup(server))
     for p in plugins:
         p(server)
     admin = AdminSocket(cfg.admin_socket, server) if cfg.admin_socket is not None else None
@@ -157,6 +167,12 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     blog.fast.flush()
     blog.get_logger("broker").info("broker.stopped")
     return 0
+
+
+def _on_sighup(server: Server) -> None:
+    """With --acl-file: reopen the log file (logrotate) and read the rules again, on the loop thread."""
+    blog.request_reopen()
+    server.call_soon_threadsafe(server.access.reload)
 
 
 def sasl_logins(cfg: BrokerConfig, users: dict[str, User]) -> dict[str, User]:
@@ -212,6 +228,12 @@ def make_command(plugins: list[Plugin], validators: list[Validator] | None = Non
             try:
                 users = load_users(cfg.users_file)  # a bad users file is a configuration error too
             except UsersFileError as e:
+                click.echo(f"ha-broker: {e}", err=True)
+                sys.exit(2)
+        if cfg.acl_file is not None:
+            try:
+                bacl.load(cfg.acl_file)  # a bad rules file is a configuration error too
+            except bacl.AclError as e:
                 click.echo(f"ha-broker: {e}", err=True)
                 sys.exit(2)
         problems = users_problems(cfg, users)

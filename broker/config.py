@@ -88,6 +88,8 @@ class BrokerConfig(BaseModel):
     max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024)
     sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN")
     users_file: Path | None = None
+    # Access control rules (broker/acl.py, docs/access-control.md); reloaded on SIGHUP. None: no rules.
+    acl_file: Path | None = None
     credit_window: int = Field(500, ge=1, le=100_000)
     # Prometheus endpoint (broker/metrics.py) on --host; None = off, 0 = any free port (logged as metrics.started).
     metrics_port: int | None = Field(None, ge=0, le=65535)
@@ -190,6 +192,13 @@ class BrokerConfig(BaseModel):
         if self.ha_cluster and self.users_file is not None and self.ha_username is None:
             raise ValueError("--ha-cluster with --users-file needs --ha-username and --ha-password: backups log in "
                              "as that user, the only one allowed to replicate")
+        return self
+
+    @model_validator(mode="after")
+    def _acl(self) -> BrokerConfig:
+        if self.acl_file is not None and self.ha_cluster and self.ha_username is None:
+            raise ValueError("--ha-cluster with --acl-file needs --ha-username and --ha-password: the rules let "
+                             "the replication user replicate, and without one a backup cannot be told apart")
         return self
 
     @model_validator(mode="after")

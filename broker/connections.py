@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from proton import Condition, Endpoint, Link, Terminus
 
 from broker import __version__
+from broker.access import AccessDenied
 from broker.attach import MANAGEMENT
 from broker.auth import Admission, Kind, SaslSetup, Trust, admit
 from broker.engine import Conn
@@ -212,6 +213,9 @@ class Connections:
             return
         try:
             handler = self.server.attacher.attach(link, st)
+        except AccessDenied as e:  # the rules of --acl-file: already logged as acl.denied
+            self._refuse_link(link, st, e.condition, e.description, logged=True)
+            return
         except (LinkError, WiringError) as e:
             self._refuse_link(link, st, e.condition, e.description, access=e.condition == Admission.CONDITION)
             return
@@ -250,9 +254,11 @@ class Connections:
         return n
 
     def _refuse_link(self, link: Link, st: ConnectionState, condition: str, description: str,
-                     access: bool = False) -> None:
+                     access: bool = False, logged: bool = False) -> None:
         addr = (link.remote_target if link.is_receiver else link.remote_source).address
-        if access:  # who the peer is does not allow it
+        if logged:
+            pass
+        elif access:  # who the peer is does not allow it
             log.warning("access.refused", connection=st.id, remote=st.remote, user=st.user, kind=st.kind,
                         address=addr, condition=condition, description=description)
         else:

@@ -152,6 +152,8 @@ FIELDS: Final = _fields(
     Field("path", S, "a file path"),
     Field("peer", S, "the other broker's id"),
     Field("peer_epoch", N, "the epoch the other broker claims"),
+    Field("permission", S, "an access-control action (docs/access-control.md): `publish`, `consume`, `browse`, "
+          "`create`, `delete`, `manage`"),
     Field("position", N, "a message's position in its queue"),
     Field("positions", L, "message positions in their queue (at most the first 20)"),
     Field("primary", S, "the primary's broker id"),
@@ -163,6 +165,8 @@ FIELDS: Final = _fields(
     Field("released", N, "guarded messages released"),
     Field("remote", S, "the peer's `host:port`"),
     Field("role", S, "`primary`, `backup` or `standalone`"),
+    Field("rule", N, "the number of the `--acl-file` rule that decided (1: the first `[[rule]]`); null: none "
+          "matched (default deny)", nullable=True),
     Field("sample_rate", F, "fraction of acknowledgements logged, in (0, 1]"),
     Field("seconds", F, "a duration in seconds"),
     Field("segment", N, "a journal segment number (the journal file `NNNNNNNN.jnl`)"),
@@ -177,6 +181,8 @@ FIELDS: Final = _fields(
     Field("used", N, "bytes of memory queued messages take (body plus per-message cost)"),
     Field("user", S, "the authenticated user", nullable=True),
     Field("version", S, "the software version"),
+    Field("via", S, "where an access check was made: `attach`, `management`, `relay` (a message's `to` on the "
+          "anonymous relay), `reload` (a link attached before SIGHUP, detached)"),
     Field("waited_seconds", F, "how long the new primary waited for its backups"),
     Field("waiting", S, "why a leaderless cluster has no leader yet", nullable=True),
     Field("where", S, "what the broker was doing"),
@@ -222,6 +228,20 @@ _EVENTS: tuple[Event, ...] = (
           "connection may act as a backup (development on loopback only)", (U("description"),)),
     Event("connection.accept_failed", _ERR, _B, "the listening socket could not accept (e.g. out of file "
           "descriptors); tried again on the next readiness", (U("description"),)),
+    Event("acl.loaded", _INFO, _B, "the `--acl-file` rules are in force (docs/access-control.md): at start-up, "
+          "and after each SIGHUP that read a valid file",
+          (U("path", "`--acl-file`"), U("count", "rules"), U("reason", "`start` or `sighup`"))),
+    Event("acl.reload_failed", _ERR, _B, "SIGHUP, but `--acl-file` could not be read or is not valid: the rules "
+          "loaded before stay in force", (U("path", "`--acl-file`"), U("description", "the file's problem"))),
+    Event("acl.denied", _WARN, _B, "the `--acl-file` rules do not allow what a user asked: an attach refused, a "
+          "management request answered 403, a message on the anonymous relay rejected (once per link and "
+          "address), or a link detached after a reload; the peer gets `amqp:unauthorized-access` (403 for "
+          "management) with the same description",
+          (U("user", "the authenticated user (`anonymous` for ANONYMOUS)"), U("permission"),
+           U("type", "the object's kind: `queue`, `exchange`, or `broker` (broker-wide: `$events`, "
+                     "`connection`, `ha-broker`)"), U("name", "the object's name"), U("rule"), U("via"),
+           U("connection"), U("remote", "host:port"), U("description"),
+           _o("operation", "management only"))),
     Event("link.refused", _WARN, _B, "attach to unknown node, bad properties",
           (U("connection"), U("address", "the link's node address"), U("condition"), U("description"))),
     Event("message.rejected", _WARN, _B, "oversize, malformed, queue full (rate limited: at most one line per link "

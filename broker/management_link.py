@@ -52,7 +52,7 @@ class ManagementLink(LinkHandler):
             resp = Response(400, "application property 'name' must be a string")
         else:
             req = Request(op, type_, name, req_msg.body, self.conn.user, self.conn.admin, props)
-            resp = srv.handle_management(req)
+            resp = srv.access.management(self.conn, req) or srv.handle_management(req)
         reply = Message(
             properties={"statusCode": resp.status, "statusDescription": resp.description, **resp.properties},
             body=resp.body,

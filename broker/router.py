@@ -45,6 +45,8 @@ class Router:
             address = current_to()
             if not address:
                 raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
+            if self.server.access.acl is not None:
+                self.server.access.relay(pub, address)
         q = self.queues.get(address)
         if self.server.refusing:  # the journal cannot write, or memory is over --max-memory
             self._refuse(address, q, durable)

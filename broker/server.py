@@ -20,6 +20,7 @@ from typing import Any
 from proton import Condition, Endpoint
 
 from broker import __version__
+from broker.access import Access
 from broker.attach import Attacher
 from broker.auth import User
 from broker.config import BrokerConfig
@@ -87,6 +88,7 @@ class Server:
             self.extensions.append(self.memory)
         self.refusing = False  # the router checks each message (journal failed, or memory over the bound)
         self.attacher = Attacher(self)
+        self.access = Access(self)  # --acl-file (broker.access): installed by the command before start
         self.transactions = Transactions(self)
         self.connections = Connections(self)
         self.router = Router(self)
