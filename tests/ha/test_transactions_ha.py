@@ -1,0 +1,64 @@
+"""Transactions across a failover (docs/transactions.md): a commit the client saw settle is on the backup; a
+transaction the primary took down with it leaves nothing there. Real broker processes, SIGKILL of the primary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from proton import Message
+
+from tests.support.amqp import connect, drain, mgmt, send
+from tests.support.cluster import Cluster
+from tests.support.txn import Txn
+
+Make = Callable[..., Cluster]
+
+
+def _queues(url: str, *names: str) -> None:
+    with mgmt(url) as m:
+        for name in names:
+            m.call("CREATE", "queue", name, {"arguments": {}})
+
+
+def test_a_commit_that_settled_is_whole_on_the_backup_after_sigkill_of_the_primary(cluster: Make) -> None:
+    c = cluster(2)
+    c.start_with_primary(0)
+    _queues(c[0].url, "tx-a", "tx-b")
+    conn = connect(c[0].url)
+    a, b = conn.create_sender("tx-a"), conn.create_sender("tx-b")
+    txn = Txn(conn)
+    for i in range(200):  # two queues: the discharge waits for the backup's acknowledgement of both
+        txn.send(a, Message(body=f"a{i}", durable=True))
+        txn.send(b, Message(body=f"b{i}"))
+    assert txn.commit() == "committed"
+    c[0].kill()  # at once: nothing may reach the backup after the client saw the commit
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    assert drain(c[1].url, "tx-a") == [f"a{i}" for i in range(200)]
+    assert drain(c[1].url, "tx-b") == [f"b{i}" for i in range(200)]
+
+
+def test_a_transaction_open_when_the_primary_dies_leaves_nothing_on_the_backup(cluster: Make) -> None:
+    c = cluster(2)
+    c.start_with_primary(0)
+    _queues(c[0].url, "src", "dst")
+    send(c[0].url, "src", ["work"])
+    conn = connect(c[0].url)
+    r = conn.create_receiver("src", credit=1)
+    s = conn.create_sender("dst")
+    txn = Txn(conn)
+    assert r.receive(5).body == "work"
+    txn.accept(r)
+    for i in range(50):
+        txn.send(s, Message(body=i))
+    send(c[0].url, "src", ["marker"])  # confirmed after the backup has what came before (applied in order)
+    c[0].kill()  # before the commit
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    assert drain(c[1].url, "dst") == []  # none of the transaction's messages
+    back = connect(c[1].url)
+    got = back.create_receiver("src", credit=2)
+    first, second = got.receive(5), got.receive(5)
+    # the message the transaction had taken is back, marked as a possible duplicate
+    assert [(first.body, first.delivery_count), second.body] == [("work", 1), "marker"]
+    back.close()
