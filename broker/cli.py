@@ -27,6 +27,7 @@ from broker.config import BrokerConfig, ConfigError, load_config
 from broker.metrics import MetricsError, MetricsServer
 from broker.server import Server
 from broker.store.records import JournalError
+from broker.tls import TlsError, config_problems
 
 Plugin = Callable[[Server], None]
 
@@ -52,6 +53,17 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--credit-window", {"type": int, "help": "credit given to each publisher link [500]"}),
     ("--metrics-port", {"type": int, "help": "serve Prometheus metrics over HTTP on --host at this port (0 = any "
                                              "free port; see docs/metrics.md) [off]"}),
+    ("--ssl-cert", {"type": click.Path(path_type=Path), "help": "PEM certificate of the listener: clients and other "
+                                                               "brokers connect over TLS (docs/tls.md) [off]"}),
+    ("--ssl-key", {"type": click.Path(path_type=Path), "help": "PEM private key of --ssl-cert (unencrypted, 0600)"}),
+    ("--ssl-ca", {"type": click.Path(path_type=Path), "help": "PEM CA certificate(s) trusted for the other brokers' "
+                                                             "and for client certificates"}),
+    ("--ssl-require-client-cert/--no-ssl-require-client-cert", {"default": None, "help": "refuse a client without "
+                                                                "a certificate signed by --ssl-ca [off]"}),
+    ("--ssl-allow-plain/--no-ssl-allow-plain", {"default": None, "help": "accept plain (non-TLS) connections on the "
+                                                "same port too [off: TLS only]"}),
+    ("--ssl-verify-hostname/--no-ssl-verify-hostname", {"default": None, "help": "a backup checks that the "
+                                                        "primary's certificate names the host it dialled [on]"}),
     ("--ha-cluster/--no-ha-cluster", {"default": None, "help": "join an HA cluster (starts as a backup)"}),
     ("--ha-brokers-url", {"help": "comma list of every broker's own host:port (never the VIP)"}),
     ("--ha-public-url", {"help": "what clients use (e.g. the VIP host:port)"}),
@@ -102,7 +114,11 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         except UsersFileError as e:
             click.echo(f"ha-broker: {e}", err=True)
             return 2
-    server = Server(cfg, bid, users)
+    try:
+        server = Server(cfg, bid, users)
+    except TlsError as e:
+        click.echo(f"ha-broker: {e}", err=True)
+        return 2
     logins = sasl_logins(cfg, users)
     if logins:
         base = cfg.data_dir if cfg.data_dir is not None else Path(tempfile.mkdtemp(prefix="understudy-sasl-"))
@@ -236,7 +252,7 @@ def make_command(plugins: list[Plugin], validators: list[Validator] | None = Non
             except bacl.AclError as e:
                 click.echo(f"ha-broker: {e}", err=True)
                 sys.exit(2)
-        problems = users_problems(cfg, users)
+        problems = users_problems(cfg, users) + config_problems(cfg)
         if problems:
             for line in problems:
                 click.echo(f"ha-broker: {line}", err=True)

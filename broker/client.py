@@ -6,8 +6,10 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from proton import Message
+from proton import Message, SSLDomain
 from proton.utils import BlockingConnection, SyncRequestResponse
+
+from broker.tls import explain
 
 KIND_PROPERTY = "x-understudy-kind"
 
@@ -43,9 +45,14 @@ def connect(
     kind: str = "admin",
     user: str | None = None,
     password: str | None = None,
+    ssl_domain: SSLDomain | None = None,
 ) -> BlockingConnection:
+    """With `ssl_domain` (broker.tls.client_domain) the connection is TLS (`amqps://`) whatever `url` says."""
     props = {KIND_PROPERTY: kind}
     kw: dict[str, Any] = {"properties": props, "reconnect": False}
+    if ssl_domain is not None:
+        url = "amqps://" + url.split("://", 1)[-1]
+        kw["ssl_domain"] = ssl_domain
     if user is not None:
         kw.update(user=user, password=password, allow_insecure_mechs=True, sasl_enabled=True)
         kw["allowed_mechs"] = "PLAIN"
@@ -60,13 +67,17 @@ class ManagementClient:
         user: str | None = None,
         password: str | None = None,
         kind: str = "admin",
+        ssl_domain: SSLDomain | None = None,
     ) -> None:
         self.url = url
         try:
-            self.conn = connect(url, timeout, kind, user, password)
+            self.conn = connect(url, timeout, kind, user, password, ssl_domain)
             self.rpc = SyncRequestResponse(self.conn, "$management")
         except Exception as e:
-            raise ManagementError(f"cannot reach {url}: {_describe(e)}") from None
+            text = _describe(e)
+            if ssl_domain is None and "no protocol header found" in text:
+                text += " (a TLS-only broker closes a plain connection so: give --ssl-ca)"
+            raise ManagementError(f"cannot reach {url}: {text}") from None
 
     def request(self, operation: str, type_: str, name: str | None = None, body: Any = None, **props: Any) -> Reply:
         ap: dict[str, Any] = {"operation": operation, "type": type_}
@@ -105,4 +116,7 @@ def _describe(e: Exception) -> str:
     )
     if cond is not None:
         text = f"{cond.name}: {cond.description}"
+    if "SSL Failure" in text:  # proton's text of a failed handshake (a ConnectionException carries no condition)
+        detail = text[text.index("SSL Failure"):].rstrip("')\"")
+        text = f"TLS: {explain(detail)} ({detail})"
     return text

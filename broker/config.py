@@ -93,6 +93,13 @@ class BrokerConfig(BaseModel):
     credit_window: int = Field(500, ge=1, le=100_000)
     # Prometheus endpoint (broker/metrics.py) on --host; None = off, 0 = any free port (logged as metrics.started).
     metrics_port: int | None = Field(None, ge=0, le=65535)
+    # TLS (broker/tls.py, docs/tls.md): the listener, and this broker's links to the others when it is a backup.
+    ssl_cert: Path | None = None
+    ssl_key: Path | None = None
+    ssl_ca: Path | None = None
+    ssl_require_client_cert: bool = False
+    ssl_allow_plain: bool = False
+    ssl_verify_hostname: bool = True
 
     # HA
     ha_cluster: bool = False
@@ -205,6 +212,23 @@ class BrokerConfig(BaseModel):
     def _metrics_port(self) -> BrokerConfig:
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"--metrics-port {self.metrics_port} is also --port (the AMQP listener)")
+        return self
+
+    @model_validator(mode="after")
+    def _tls(self) -> BrokerConfig:
+        if (self.ssl_cert is None) != (self.ssl_key is None):
+            raise ValueError("--ssl-cert and --ssl-key go together (the listener's certificate and its key)")
+        if self.ssl_cert is None:
+            for flag, on in (("--ssl-ca", self.ssl_ca is not None),
+                             ("--ssl-require-client-cert", self.ssl_require_client_cert),
+                             ("--ssl-allow-plain", self.ssl_allow_plain)):
+                if on:
+                    raise ValueError(f"{flag} needs --ssl-cert and --ssl-key (TLS on the listener)")
+        if self.ssl_require_client_cert and self.ssl_ca is None:
+            raise ValueError("--ssl-require-client-cert needs --ssl-ca (the CA that signs client certificates)")
+        if self.ha_cluster and self.ssl_cert is not None and self.ssl_ca is None:
+            raise ValueError("--ha-cluster with --ssl-cert needs --ssl-ca: a backup verifies its primary's "
+                             "certificate against it")
         return self
 
     @property

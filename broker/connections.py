@@ -20,6 +20,7 @@ from broker.engine import Conn
 from broker.errors import LinkError, Refusal, WiringError
 from broker.links import ConsumerLink, LinkHandler, PublisherLink
 from broker.log import get_logger
+from broker.tls import explain, is_tls_failure
 
 if TYPE_CHECKING:
     from broker.server import Server
@@ -176,6 +177,14 @@ class Connections:
         # Failed logins end here, before any connection opens: say so (the client only sees its own error).
         c, t = event.connection, event.transport
         cond = t.condition if t is not None else None
+        conn = self.server.engine.conn_of(c) if c is not None else None
+        if cond is not None and conn is not None and conn.tls is not None and c._impl not in self.conns \
+                and is_tls_failure(cond.name, cond.description):
+            # A failed handshake (wrong CA, expired or missing certificate, a plain client on a TLS-only port):
+            # the peer only sees its own side of it.
+            log.warning("tls.refused", remote=conn.remote, reason=explain(cond.description, "client"),
+                        description=cond.description)
+            return
         if cond is not None and cond.name == "amqp:unauthorized-access" and c is not None \
                 and c._impl not in self.conns:
             conn = self.server.engine.conn_of(c)

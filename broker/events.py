@@ -115,6 +115,7 @@ FIELDS: Final = _fields(
     Field("bytes", N, "a number of bytes"),
     Field("condition", S, "an AMQP error condition (`amqp:...`)", nullable=True),
     Field("connection", N, "connection id (unique within the process)"),
+    Field("client_cert", B, "clients must present a certificate signed by `--ssl-ca` (`--ssl-require-client-cert`)"),
     Field("count", N, "how many"),
     Field("data_dir", S, "the data directory", nullable=True),
     Field("description", S, "human-readable detail"),
@@ -173,8 +174,11 @@ FIELDS: Final = _fields(
     Field("segments", N, "journal segment files read"),
     Field("seq", N, "wiring sequence number"),
     Field("size", N, "a file size in bytes"),
+    Field("subject", S, "a certificate's subject (`CN=...`)"),
     Field("status", N, "the management answer's status code"),
     Field("timed_out", L, "broker ids of backups that did not return in time"),
+    Field("tls", S, "the listener's TLS mode: `only` (plain connections refused) or `optional` (TLS or plain on "
+          "one port)"),
     Field("to_state", S, "the state entered"),
     Field("type", S, "an object type: `queue`, `exchange`, `binding`"),
     Field("unsettled_returned", N, "deliveries returned to their queues"),
@@ -226,6 +230,14 @@ _EVENTS: tuple[Event, ...] = (
     Event("access.open", _WARN, _B, "an `--ha-cluster` broker with neither `--users-file` nor `--ha-username` "
           "becomes a backup (at start-up, and again after a demotion): replication is not authenticated, any "
           "connection may act as a backup (development on loopback only)", (U("description"),)),
+    Event("tls.enabled", _INFO, _B, "at start-up, after `broker.started`: the listener speaks TLS (docs/tls.md)",
+          (U("address", "host:port listened on"), U("tls"), U("client_cert"), U("subject", "of `--ssl-cert`"),
+           U("path", "`--ssl-cert`"))),
+    Event("tls.refused", _WARN, _B, "an accepted connection failed its TLS handshake: wrong CA, expired or missing "
+          "client certificate, a plain client on a TLS-only port, or the peer refused this broker's certificate "
+          "(docs/tls.md lists the reasons); nothing was exchanged on it",
+          (U("remote", "host:port"), U("reason", "what went wrong, in the words of docs/tls.md"),
+           U("description", "OpenSSL's own text"))),
     Event("connection.accept_failed", _ERR, _B, "the listening socket could not accept (e.g. out of file "
           "descriptors); tried again on the next readiness", (U("description"),)),
     Event("acl.loaded", _INFO, _B, "the `--acl-file` rules are in force (docs/access-control.md): at start-up, "

@@ -34,6 +34,8 @@ from broker.memory import MemoryBound
 from broker.queue import Queue
 from broker.router import Router
 from broker.store.store import Store
+from broker.tls import ServerTls, cert_subject, client_domain, client_of, server_domain
+from broker.tls import from_config as tls_from_config
 from broker.transactions import Transactions
 from broker.wiring import Wiring, WiringEvent
 
@@ -54,6 +56,11 @@ class Server:
         self.wiring = Wiring()
         self.wiring.observers.append(self)
         self.management = Management(self.wiring, self.broker_attributes)
+        # TLS (broker.tls): the listener's domain, and the one this broker connects to the others with.
+        self.tls: ServerTls | None = tls_from_config(config)
+        self.ssl_server = server_domain(self.tls) if self.tls is not None else None
+        ctls = client_of(self.tls) if self.tls is not None else None
+        self.ssl_client = client_domain(ctls) if ctls is not None else None
         self.engine = Engine(broker_id)
         self.engine.on_pass = self.quiesce
         self.engine.on_failure = self._handler_failed
@@ -112,7 +119,8 @@ class Server:
             log.info("journal.recovered", segments=report.segments, queues=report.queues, messages=report.messages,
                      bytes=report.bytes, exchanges=report.exchanges, bindings=report.bindings,
                      seconds=report.seconds)
-        self.port = self.engine.listen(self.config.host, self.config.port, self.connections.accepted)
+        self.port = self.engine.listen(self.config.host, self.config.port, self.connections.accepted,
+                                       self.ssl_server, tls_only=self.tls is not None and not self.tls.allow_plain)
         self.schedule(1.0, self._tick)
         self.schedule(FAST_LOG_FLUSH, self._flush_fast_log)
         log.info(
@@ -123,6 +131,10 @@ class Server:
             data_dir=str(self.config.data_dir) if self.config.data_dir else None,
         )
         for ext in self.extensions:
+        if self.tls is not None:
+            log.info("tls.enabled", address=f"{self.config.host}:{self.port}", tls=self.tls.mode,
+                     client_cert=self.tls.require_client_cert, subject=cert_subject(self.tls.cert),
+                     path=str(self.tls.cert))
             ext.started(self)
 
     def run(self) -> None:

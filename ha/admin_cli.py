@@ -12,6 +12,8 @@ import click
 
 from broker import admin_socket
 from broker.client import ManagementClient, ManagementError, Reply
+from broker.tls import ClientTls, TlsError
+from ha import cli_tls
 from ha import protocol as P
 
 
@@ -28,8 +30,10 @@ def usage(message: str) -> NoReturn:
 
 class Ctx:
     def __init__(
-        self, broker: str, timeout: float, user: str | None, password: str | None, socket: Path | None
+        self, broker: str, timeout: float, user: str | None, password: str | None, socket: Path | None,
+        tls: ClientTls | None = None,
     ) -> None:
+        self.tls = tls  # talk TLS to the broker (ha.cli_tls)
         self.broker = broker
         self.timeout = timeout
         self.user = user
@@ -49,7 +53,8 @@ class Ctx:
                 fail(str(e))
             return Reply(r.status, r.description, r.body, r.properties)
         try:
-            with ManagementClient(self.broker, self.timeout, self.user, self.password) as c:
+            with ManagementClient(self.broker, self.timeout, self.user, self.password,
+                                  ssl_domain=cli_tls.domain(self.tls)) as c:
                 return c.request(operation, type_, name, body)
         except ManagementError as e:
             fail(str(e))
@@ -84,12 +89,18 @@ class Ctx:
     default=None,
     help="talk to the broker on this host over its admin socket (ha-broker --admin-socket) instead of AMQP",
 )
+@cli_tls.tls_options
 @click.pass_context
 def cli(
-    ctx: click.Context, broker: str, timeout: float, user: str | None, password: str | None, socket: Path | None
+    ctx: click.Context, broker: str, timeout: float, user: str | None, password: str | None, socket: Path | None,
+    ssl_ca: Path | None, ssl_cert: Path | None, ssl_key: Path | None, ssl_verify_hostname: bool,
 ) -> None:
     """Operate one Understudy broker."""
-    ctx.obj = Ctx(broker, timeout, user, password, socket)
+    try:
+        tls = cli_tls.settings(ssl_ca, ssl_cert, ssl_key, ssl_verify_hostname)
+    except TlsError as e:
+        usage(str(e))
+    ctx.obj = Ctx(broker, timeout, user, password, socket, tls)
 
 
 @cli.command()

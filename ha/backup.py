@@ -25,6 +25,7 @@ from broker.log import get_logger
 from broker.options import QUEUE_ARGUMENTS, QueueOptions, normalize
 from broker.queue import Queue
 from broker.server import Server
+from broker.tls import explain, is_tls_failure
 from ha import protocol as P
 from ha.core import batch as B
 from ha.core.epoch import Decision, check_peer_epoch
@@ -153,7 +154,8 @@ class Backup:
         self._attempt_address = f"{host}:{port}"
         self.conn = self.server.engine.connect(
             host, port, self, properties=props, user=user, password=self.config.ha_password,
-            mechanisms="PLAIN" if user else None, heartbeat=self.config.ha_heartbeat)
+            mechanisms="PLAIN" if user else None, heartbeat=self.config.ha_heartbeat,
+            ssl_domain=self.server.ssl_client)
         # A dead host (link down, no RST) would leave the TCP connect hanging: give each attempt a deadline.
         conn = self.conn
         self.server.schedule(ATTEMPT_DEADLINE, lambda: self._attempt_timeout(conn))
@@ -272,7 +274,11 @@ class Backup:
     def on_transport_error(self, event: Any) -> None:
         if self._current(event):
             cond = event.transport.condition
-            self._lost(f"{cond.name}: {cond.description}" if cond else "transport error")
+            reason = f"{cond.name}: {cond.description}" if cond else "transport error"
+            if cond is not None and self.conn is not None and self.conn.tls is not None \
+                    and is_tls_failure(cond.name, cond.description):
+                reason = f"TLS: {explain(cond.description)} ({cond.description})"
+            self._lost(reason)
 
     def on_transport_closed(self, event: Any) -> None:
         if self._current(event):

@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import click
@@ -27,6 +28,8 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.client import ManagementClient, ManagementError
+from broker.tls import ClientTls, TlsError
+from ha import cli_tls
 from ha import protocol as P
 from ha.core.states import HaState, Role
 
@@ -36,8 +39,9 @@ STATE_STYLE = {"active": "bold green", "ready": "green", "catchup": "yellow", "j
 EXPECTABLE = (*(s.value for s in HaState if s is not HaState.STANDALONE), Role.PRIMARY.value, Role.BACKUP.value)
 
 
-def fetch(url: str, timeout: float, user: str | None, password: str | None) -> dict[str, Any]:
-    with ManagementClient(url, timeout, user, password) as c:
+def fetch(url: str, timeout: float, user: str | None, password: str | None,
+          tls: ClientTls | None = None) -> dict[str, Any]:
+    with ManagementClient(url, timeout, user, password, ssl_domain=cli_tls.domain(tls)) as c:
         r = c.request("STATUS", P.MGMT_TYPE)
         if r.status == 400:
             raise ManagementError(f"{url} is not an HA broker (started without --ha-cluster)")
@@ -47,20 +51,22 @@ def fetch(url: str, timeout: float, user: str | None, password: str | None) -> d
         return body
 
 
-def _try_fetch(url: str, timeout: float, user: str | None, password: str | None) -> dict[str, Any] | str:
+def _try_fetch(url: str, timeout: float, user: str | None, password: str | None,
+               tls: ClientTls | None = None) -> dict[str, Any] | str:
     try:
-        return fetch(url, timeout, user, password)
+        return fetch(url, timeout, user, password, tls)
     except ManagementError as e:
         return str(e)
 
 
-def ask_all(urls: list[str], timeout: float, user: str | None, password: str | None) -> dict[str, dict[str, Any] | str]:
+def ask_all(urls: list[str], timeout: float, user: str | None, password: str | None,
+            tls: ClientTls | None = None) -> dict[str, dict[str, Any] | str]:
     """Each address's own STATUS (or why there is none), asked in parallel: a dead host costs one timeout, not one
     per member."""
     if not urls:
         return {}
     with ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
-        futures = {u: pool.submit(_try_fetch, u, timeout, user, password) for u in urls}
+        futures = {u: pool.submit(_try_fetch, u, timeout, user, password, tls) for u in urls}
         return {u: f.result() for u, f in futures.items()}
 
 
@@ -72,12 +78,13 @@ def _clock(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "?"
 
 
-def collect(url: str, all_members: bool, timeout: float, user: str | None, password: str | None) -> dict[str, Any]:
+def collect(url: str, all_members: bool, timeout: float, user: str | None, password: str | None,
+            tls: ClientTls | None = None) -> dict[str, Any]:
     """The cluster view. The asked broker must answer (else ManagementError); every other member found in its
     membership list or its --ha-brokers-url is asked too. A member that does not answer is `unreachable`, with
     what the asked broker last knew of it (`stale`) when its list names it. `all_members` only widens the table
     (epoch and position columns); the JSON always has them."""
-    st = fetch(url, timeout, user, password)
+    st = fetch(url, timeout, user, password, tls)
     listed = {m["name"]: m for m in st.get("members", []) if isinstance(m, dict) and m.get("name")}
     # brokers_url first: those are the addresses the cluster is configured with (a member's own address may be a
     # wildcard such as 0.0.0.0:5672 when it listens on every interface).
@@ -87,7 +94,7 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
             todo.append(a)
     answers: dict[str, tuple[str, dict[str, Any]]] = {st["name"]: (url, st)}  # name -> (address asked, answer)
     failed: dict[str, str] = {}  # address -> why it did not answer
-    for addr, got in ask_all(todo, timeout, user, password).items():
+    for addr, got in ask_all(todo, timeout, user, password, tls).items():
         if isinstance(got, str):
             failed[addr] = got
         elif got.get("name") not in answers:
@@ -239,10 +246,11 @@ def render(view: dict[str, Any], all_members: bool = False) -> Group:
     return Group(header, t)
 
 
-def check(broker: str, expect: str | None, timeout: float, user: str | None, password: str | None) -> int:
+def check(broker: str, expect: str | None, timeout: float, user: str | None, password: str | None,
+          tls: ClientTls | None = None) -> int:
     """--expect STATE / --is-primary (expect == "primary"): one line, exit code 0 when it holds, 1 otherwise."""
     try:
-        st = fetch(broker, timeout, user, password)
+        st = fetch(broker, timeout, user, password, tls)
     except ManagementError as e:
         click.echo(f"ha-status: {e}", err=True)
         return 1
@@ -268,16 +276,23 @@ def check(broker: str, expect: str | None, timeout: float, user: str | None, pas
 @click.option("--password", default=None)
 @click.option("--zk-hosts", default=None, help="read the cluster from ZooKeeper instead of a broker")
 @click.option("--zk-path", default="/understudy/default", show_default=True)
+@cli_tls.tls_options
 def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: str | None, is_primary: bool,
-        timeout: float, user: str | None, password: str | None, zk_hosts: str | None, zk_path: str) -> None:
+        timeout: float, user: str | None, password: str | None, zk_hosts: str | None, zk_path: str,
+        ssl_ca: Path | None, ssl_cert: Path | None, ssl_key: Path | None, ssl_verify_hostname: bool) -> None:
     """Show the HA cluster: members, roles, states, backlog and lag of each backup."""
+    try:
+        tls = cli_tls.settings(ssl_ca, ssl_cert, ssl_key, ssl_verify_hostname)
+    except TlsError as e:
+        click.echo(f"ha-status: {e}", err=True)
+        sys.exit(2)
     if expect is not None or is_primary:
         clash = [flag for flag, given in (("--expect", expect is not None and is_primary), ("--watch", watch),
                                           ("--zk-hosts", zk_hosts), ("several --broker addresses",
                                                                       len(_addresses(broker)) > 1)) if given]
         if clash:
             raise click.UsageError(f"--expect/--is-primary check one broker once: not with {clash[0]}")
-        sys.exit(check(broker, "primary" if is_primary else expect, timeout, user, password))
+        sys.exit(check(broker, "primary" if is_primary else expect, timeout, user, password, tls))
     console = Console(width=None if sys.stdout.isatty() else 160)
     asked = _addresses(broker)
     if not asked and not zk_hosts:
@@ -288,7 +303,7 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: s
         for url in [*asked, *(a for a in known if a not in asked)] if not zk_hosts else [zk_hosts]:
             try:
                 view = (collect_zk(zk_hosts, zk_path, timeout) if zk_hosts
-                        else collect(url, all_members, timeout, user, password))
+                        else collect(url, all_members, timeout, user, password, tls))
                 break
             except ManagementError as e:
                 errors.append(str(e))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from cproton_ffi import ffi, lib
-from proton import Condition, Connection, Event, Transport
+from proton import SSL, Condition, Connection, Event, SSLDomain, Transport
 from proton._events import EventType
 
 from broker.engine.timers import Calls, Timer, Timers
@@ -45,6 +45,8 @@ EPOLLOUT = select.EPOLLOUT
 EPOLLERRS = select.EPOLLERR | select.EPOLLHUP
 
 READ_SIZE = 1 << 16
+TLS_RECORD_HANDSHAKE = b"\x16"  # the first byte of a TLS ClientHello record
+AMQP_TLS_HEADER = b"AMQP\x02\x01\x00\x00"  # AMQP's own "TLS follows" header (proton accepts it too)
 CLOSE_GRACE = 2.0  # seconds a locally closed connection may wait for its peer before the socket is dropped
 MAX_PASS_ROUNDS = 100  # event/end-of-pass rounds per pass (each round is cheap; this only bounds a bug)
 
@@ -88,7 +90,7 @@ class Conn:
     """One AMQP connection: a socket, a proton transport and connection, and the handler of its rare events."""
 
     __slots__ = ("c", "closed", "closing", "connecting", "connection", "engine", "fd", "handler", "heap_due", "mask",
-                 "outgoing", "remote", "sock", "state", "t", "tick_due", "transport")
+                 "outgoing", "remote", "sniff", "sock", "state", "t", "tick_due", "tls", "transport")
 
     def __init__(self, engine: Engine, sock: socket.socket, transport: Transport, connection: Connection,
                  handler: Any, remote: str, outgoing: bool) -> None:
@@ -109,6 +111,8 @@ class Conn:
         self.tick_due = 0  # the transport's next deadline (ms), as its last tick said; 0 = none
         self.heap_due = 0  # when this connection is in the engine's tick heap (ms); 0 = not
         self.state: Any = None  # the application's per-connection state (e.g. broker.server.ConnectionState)
+        self.tls: SSL | None = None  # proton's SSL layer of this transport (broker.tls), None for a plain socket
+        self.sniff: bytes | None = None  # TLS only: the first bytes so far, until they prove a TLS handshake
 
     # ----- socket readiness -------------------------------------------------------------------------------------
     def on_ready(self, mask: int) -> None:
@@ -140,8 +144,36 @@ class Conn:
             _pn.pn_transport_close_tail(t)
             _pn.pn_transport_close_head(t)
         else:
+            if self.sniff is not None:
+                held = self._tls_handshake(n)
+                if held is None:
+                    return
+                if held:
+                    _pn.pn_transport_push(t, held, len(held))
             _pn.pn_transport_push(t, e.in_c, n)
         e.to_write.add(self)
+
+    def _tls_handshake(self, n: int) -> bytes | None:
+        """A TLS-only listener: do the first bytes start a TLS handshake? proton's server transport detects the
+        protocol itself and would answer a plain AMQP/SASL header (asking a PLAIN client for its password in
+        clear), so anything else is refused here, before proton sees a byte. Returns the bytes held back from
+        earlier reads to push before this read's (b"" if none), or None: push nothing (yet)."""
+        held = self.sniff or b""
+        head = held + bytes(self.engine.in_buf[:min(n, 8)])
+        if head[:1] == TLS_RECORD_HANDSHAKE or head.startswith(AMQP_TLS_HEADER):
+            self.sniff = None
+            return held
+        if len(head) < len(AMQP_TLS_HEADER) and AMQP_TLS_HEADER.startswith(head):
+            self.sniff = held + bytes(self.engine.in_buf[:n])  # too short to tell: held back until it is
+            return None
+        self.sniff = None
+        self.transport.condition = Condition(
+            "amqp:connection:framing-error",
+            f"SSL Failure: not a TLS handshake (plain connection on a TLS-only port): first bytes {head!r}")
+        _pn.pn_transport_close_tail(self.t)
+        _pn.pn_transport_close_head(self.t)
+        self.engine.to_write.add(self)
+        return None
 
     def write(self, now_ms: int) -> None:
         """Tick the transport (heartbeats, idle timeout) and write whatever it has to say."""
@@ -276,9 +308,12 @@ class Engine:
         self.out_mv = memoryview(self.out_buf)
 
     # ----- sockets ----------------------------------------------------------------------------------------------
-    def listen(self, host: str, port: int, on_accept: Callable[[Conn], Any]) -> int:
+    def listen(self, host: str, port: int, on_accept: Callable[[Conn], Any],
+               ssl_domain: SSLDomain | None = None, tls_only: bool = False) -> int:
         """Accept AMQP connections on host:port; `on_accept(conn)` configures the new transport (SASL) and returns
-        the handler of the connection's rare events. Returns the bound port (useful with port 0)."""
+        the handler of the connection's rare events. With `ssl_domain` every transport gets proton's TLS layer
+        (broker.tls); `tls_only` refuses a connection whose first bytes are not a TLS handshake. Returns the
+        bound port (useful with port 0)."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -290,7 +325,7 @@ class Engine:
             raise
         sock.setblocking(False)
         self.listeners.append(sock)
-        self.fds[sock.fileno()] = lambda _mask: self._accept(sock, on_accept)
+        self.fds[sock.fileno()] = lambda _mask: self._accept(sock, on_accept, ssl_domain, tls_only)
         self.epoll.register(sock.fileno(), EPOLLIN)
         return int(sock.getsockname()[1])
 
@@ -302,7 +337,8 @@ class Engine:
             sock.close()
         self.listeners.clear()
 
-    def _accept(self, lsock: socket.socket, on_accept: Callable[[Conn], Any]) -> None:
+    def _accept(self, lsock: socket.socket, on_accept: Callable[[Conn], Any], ssl_domain: SSLDomain | None,
+                tls_only: bool) -> None:
         for _ in range(64):
             try:
                 sock, addr = lsock.accept()
@@ -315,7 +351,11 @@ class Engine:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             transport = Transport(Transport.SERVER)
             connection = Connection()
+            tls = SSL(transport, ssl_domain) if ssl_domain is not None else None  # before the transport is bound
             conn = self._adopt(sock, transport, connection, None, f"{addr[0]}:{addr[1]}", outgoing=False)
+            conn.tls = tls
+            if tls is not None and tls_only:
+                conn.sniff = b""
             try:
                 conn.handler = on_accept(conn)
             except Exception as e:
@@ -327,9 +367,10 @@ class Engine:
 
     def connect(self, host: str, port: int, handler: Any, *, properties: dict[Any, Any] | None = None,
                 user: str | None = None, password: str | None = None, mechanisms: str | None = None,
-                heartbeat: float | None = None) -> Conn:
+                heartbeat: float | None = None, ssl_domain: SSLDomain | None = None) -> Conn:
         """Open an AMQP connection to host:port (non-blocking); `handler` gets its rare events. A failed connect
-        arrives as a transport error and a transport close, like any other I/O failure."""
+        arrives as a transport error and a transport close, like any other I/O failure. With `ssl_domain` the
+        connection is TLS, and the server's certificate is checked for `host` (SNI and the name check)."""
         connection = Connection()
         connection.container = self.container_id
         connection.hostname = host
@@ -351,6 +392,9 @@ class Engine:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = self._adopt(sock, transport, connection, handler, f"{host}:{port}", outgoing=True)
+        if ssl_domain is not None:
+            conn.tls = SSL(transport, ssl_domain)
+            conn.tls.peer_hostname = host
         connection.open()
         conn.connecting = True
         conn.mask = EPOLLOUT

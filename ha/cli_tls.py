@@ -1,0 +1,53 @@
+"""The TLS options of `ha-admin` and `ha-status` (docs/tls.md): one decorator, one function to turn them into a
+proton client domain, so both tools take and check them the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from proton import SSLDomain
+
+from broker.tls import ClientTls, TlsError, check_files, client_domain
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PATH = click.Path(path_type=Path)
+
+
+def tls_options(f: F) -> F:
+    """--ssl-ca (TLS on: the CA that signs the brokers' certificates), --ssl-cert/--ssl-key (this tool's own
+    certificate, for a broker with --ssl-require-client-cert), --no-ssl-verify-hostname."""
+    for option in reversed((
+        click.option("--ssl-ca", type=_PATH, default=None,
+                     help="connect over TLS, trusting brokers whose certificate this CA signed"),
+        click.option("--ssl-cert", type=_PATH, default=None,
+                     help="client certificate (for brokers with --ssl-require-client-cert)"),
+        click.option("--ssl-key", type=_PATH, default=None, help="key of --ssl-cert"),
+        click.option("--ssl-verify-hostname/--no-ssl-verify-hostname", default=True, show_default=True,
+                     help="the broker's certificate must name the host given in --broker"),
+    )):
+        f = option(f)
+    return f
+
+
+def settings(ca: Path | None, cert: Path | None, key: Path | None, verify_hostname: bool) -> ClientTls | None:
+    """The TLS settings of these options, or None (plain AMQP); a bad file or combination raises TlsError with the
+    flag and the reason."""
+    if ca is None:
+        if cert is not None or key is not None:
+            raise TlsError("--ssl-cert/--ssl-key need --ssl-ca (TLS is on only with the CA that signs the "
+                           "brokers' certificates)")
+        return None
+    problems = check_files(cert, key, ca)
+    if problems:
+        raise TlsError("; ".join(problems))
+    return ClientTls(ca, cert, key, verify_hostname)
+
+
+def domain(tls: ClientTls | None) -> SSLDomain | None:
+    """A fresh proton domain for one connection (a domain is not shared between threads: ha-status asks the
+    members in parallel)."""
+    return client_domain(tls) if tls is not None else None

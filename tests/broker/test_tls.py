@@ -1,0 +1,211 @@
+"""TLS on the client listener, with certificates made by openssl for the module (tests/support/certs.py).
+
+Each refusal is checked on both sides: the client's error says why, and the broker logs `tls.refused` with the same
+reason; messages stored before the refused attempts are all still there after them.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from proton import Message
+
+from broker.client import ManagementClient, ManagementError, connect
+from broker.tls import ClientTls, client_domain
+from tests.support.certs import Certs, make_certs
+from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerFactory]:
+    f = BrokerFactory(tmp_path_factory.mktemp("tls"))
+    yield f
+    for _ in f.cleanup():
+        pass
+
+
+def tls_flags(certs: Certs, *extra: str, cert: Path | None = None, key: Path | None = None) -> list[str]:
+    return ["--auto-create-queues", "--ssl-cert", str(cert or certs.server), "--ssl-key", str(key or certs.server_key),
+            "--ssl-ca", str(certs.ca), *extra]
+
+
+@pytest.fixture(scope="module")
+def tls_only(factory: BrokerFactory, certs: Certs) -> BrokerProcess:
+    return factory(*tls_flags(certs), name="tls-only")
+
+
+@pytest.fixture(scope="module")
+def mutual(factory: BrokerFactory, certs: Certs) -> BrokerProcess:
+    """Clients need a certificate signed by the CA."""
+    return factory(*tls_flags(certs, "--ssl-require-client-cert"), name="mutual")
+
+
+def domain(ca: Path, cert: Path | None = None, key: Path | None = None, verify_hostname: bool = True) -> object:
+    return client_domain(ClientTls(ca, cert, key, verify_hostname))
+
+
+def roundtrip(url: str, ssl_domain: object, queue: str, bodies: list[str]) -> list[object]:
+    """Send `bodies` to `queue` and take as many back, on one TLS connection."""
+    c = connect(url, 10, "client", None, None, ssl_domain)  # type: ignore[arg-type]
+    try:
+        s = c.create_sender(queue)
+        for b in bodies:
+            s.send(Message(body=b))
+        r = c.create_receiver(queue, credit=len(bodies))
+        out = []
+        for _ in bodies:
+            out.append(r.receive(10).body)
+            r.accept()
+        return out
+    finally:
+        c.close()
+
+
+def store(url: str, ssl_domain: object, queue: str, bodies: list[str]) -> None:
+    c = connect(url, 10, "client", None, None, ssl_domain)  # type: ignore[arg-type]
+    try:
+        s = c.create_sender(queue)
+        for b in bodies:
+            s.send(Message(body=b))
+    finally:
+        c.close()
+
+
+def refused(url: str, ssl_domain: object) -> str:
+    """The error a client gets (a management client: the same path as ha-admin)."""
+    with pytest.raises(ManagementError) as e:
+        ManagementClient(url, 5, ssl_domain=ssl_domain).close()  # type: ignore[arg-type]
+    return str(e.value)
+
+
+def logged_refusal(b: BrokerProcess, reason_part: str) -> dict[str, object]:
+    def find() -> dict[str, object] | None:
+        return next((e for e in b.events() if e.get("event") == "tls.refused"
+                     and reason_part in str(e.get("reason"))), None)
+
+    return wait_for(find, 10, what=f"tls.refused '{reason_part}' in {b.name}'s log")  # type: ignore[no-any-return]
+
+
+def test_a_client_trusting_the_ca_sends_and_receives_over_tls(tls_only: BrokerProcess, certs: Certs) -> None:
+    assert roundtrip(tls_only.url, domain(certs.ca), "q-tls", ["a", "b", "c"]) == ["a", "b", "c"]
+    # by host name as well as by address (the certificate names both)
+    assert roundtrip(f"localhost:{tls_only.port}", domain(certs.ca), "q-tls", ["d"]) == ["d"]
+    enabled = next(e for e in tls_only.events() if e["event"] == "tls.enabled")
+    assert (enabled["tls"], enabled["client_cert"], enabled["subject"]) == ("only", False, "CN=localhost")
+
+
+def test_a_plain_client_on_a_tls_only_port_is_refused_and_both_sides_say_why(tls_only: BrokerProcess,
+                                                                               certs: Certs) -> None:
+    store(tls_only.url, domain(certs.ca), "q-kept", ["1", "2"])
+    err = refused(tls_only.url, None)
+    assert "TLS-only broker" in err and "--ssl-ca" in err
+    logged_refusal(tls_only, "plain (non-TLS) connection on a TLS-only port")
+    # Nothing is answered to a plain header: no SASL mechanisms, so a PLAIN client is never asked for its password.
+    with socket.create_connection(("127.0.0.1", tls_only.port), timeout=5) as s:
+        s.sendall(b"AMQP\x03\x01\x00\x00")
+        assert s.recv(100) == b""
+    assert roundtrip(tls_only.url, domain(certs.ca), "q-kept", ["3"])[0] == "1"  # the two are still there
+    assert roundtrip(tls_only.url, domain(certs.ca), "q-kept", ["4", "5"]) == ["2", "3"]
+
+
+def test_with_allow_plain_one_port_takes_tls_and_plain(factory: BrokerFactory, certs: Certs) -> None:
+    b = factory(*tls_flags(certs, "--ssl-allow-plain"), name="mixed")
+    assert roundtrip(b.url, domain(certs.ca), "q-mixed", ["tls"]) == ["tls"]
+    assert roundtrip(b.url, None, "q-mixed", ["plain"]) == ["plain"]
+    assert next(e for e in b.events() if e["event"] == "tls.enabled")["tls"] == "optional"
+
+
+def test_a_client_trusting_another_ca_is_refused_on_both_sides(tls_only: BrokerProcess, certs: Certs) -> None:
+    store(tls_only.url, domain(certs.ca), "q-ca", ["kept"])
+    err = refused(tls_only.url, domain(certs.other_ca))
+    assert "TLS: the broker's certificate could not be verified: not signed by a CA in --ssl-ca" in err
+    logged_refusal(tls_only, "does not trust our certificate")
+    assert roundtrip(tls_only.url, domain(certs.ca), "q-ca", ["next"]) == ["kept"]
+
+
+def test_a_certificate_not_naming_the_host_is_refused_unless_hostname_checks_are_off(factory: BrokerFactory,
+                                                                                      certs: Certs) -> None:
+    b = factory(*tls_flags(certs, cert=certs.wrong_name, key=certs.wrong_name_key), name="wrong-name")
+    assert "not naming the host" in refused(b.url, domain(certs.ca))
+    logged_refusal(b, "")
+    assert roundtrip(b.url, domain(certs.ca, verify_hostname=False), "q-name", ["x"]) == ["x"]
+
+
+def test_client_certificates_required(mutual: BrokerProcess, certs: Certs) -> None:
+    store(mutual.url, domain(certs.ca, certs.client, certs.client_key), "q-mutual", ["kept"])
+    # none
+    assert "requires a client certificate" in refused(mutual.url, domain(certs.ca))
+    logged_refusal(mutual, "no client certificate")
+    # signed by another CA
+    assert "does not trust our certificate" in refused(mutual.url, domain(certs.ca, certs.other, certs.other_key))
+    # expired
+    assert "refused our certificate: it has expired" in refused(
+        mutual.url, domain(certs.ca, certs.expired, certs.expired_key))
+    logged = [e for e in mutual.events() if e["event"] == "tls.refused"
+              and "client's certificate could not be verified" in str(e["reason"])]
+    assert len(logged) == 2, logged
+    # a good one
+    assert roundtrip(mutual.url, domain(certs.ca, certs.client, certs.client_key), "q-mutual", ["next"]) == ["kept"]
+
+
+def test_ha_admin_talks_tls_and_explains_a_plain_attempt(tls_only: BrokerProcess, certs: Certs) -> None:
+    admin = str(BIN / "ha-admin")
+    ok = subprocess.run([admin, "-b", tls_only.url, "--ssl-ca", str(certs.ca), "ping"], capture_output=True,
+                        text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    plain = subprocess.run([admin, "-b", tls_only.url, "ping"], capture_output=True, text=True, timeout=30)
+    assert plain.returncode == 1 and "TLS-only broker" in plain.stderr
+    wrong = subprocess.run([admin, "-b", tls_only.url, "--ssl-ca", str(certs.other_ca), "ping"],
+                           capture_output=True, text=True, timeout=30)
+    assert wrong.returncode == 1 and "not signed by a CA in --ssl-ca" in wrong.stderr
+    bad = subprocess.run([admin, "-b", tls_only.url, "--ssl-ca", str(certs.dir / "nope.pem"), "ping"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "--ssl-ca" in bad.stderr and "no such file" in bad.stderr
+
+
+def test_ha_status_takes_the_tls_options(tls_only: BrokerProcess, certs: Certs) -> None:
+    status = str(BIN / "ha-status")
+    r = subprocess.run([status, "-b", tls_only.url, "--ssl-ca", str(certs.ca)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "not an HA broker" in r.stderr  # it got an answer: the TLS part worked
+    r = subprocess.run([status, "-b", tls_only.url, "--ssl-cert", str(certs.client)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2 and "--ssl-ca" in r.stderr
+
+
+BAD_STARTS = {
+    "missing certificate": (lambda c: ["--ssl-cert", str(c.dir / "nope.pem"), "--ssl-key", str(c.server_key)],
+                            "--ssl-cert", "no such file"),
+    "key of another certificate": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.client_key)],
+                                   "--ssl-key", "does not belong to the certificate"),
+    "expired certificate": (lambda c: ["--ssl-cert", str(c.expired), "--ssl-key", str(c.expired_key)],
+                            "--ssl-cert", "expired on"),
+    "CA file not PEM": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.server_key), "--ssl-ca",
+                                   str(c.server_key)], "--ssl-ca", "no PEM certificate"),
+    "key alone": (lambda c: ["--ssl-key", str(c.server_key)], "--ssl-cert and --ssl-key", "go together"),
+    "client certs without a CA": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.server_key),
+                                             "--ssl-require-client-cert"], "--ssl-require-client-cert", "--ssl-ca"),
+    "cluster without a CA": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.server_key),
+                                        "--ha-cluster", "--ha-brokers-url", "127.0.0.1:1"], "--ha-cluster",
+                             "verifies its primary's certificate"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STARTS))
+def test_bad_tls_settings_stop_the_start_with_exit_2_and_a_message(case: str, certs: Certs, tmp_path: Path) -> None:
+    flags, *parts = BAD_STARTS[case]
+    r = subprocess.run([str(BIN / "ha-broker"), "--port", "0", "--log-file", str(tmp_path / "b.log"),
+                        *flags(certs)], capture_output=True, text=True, timeout=30)  # type: ignore[operator]
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip()
+    assert line.startswith("ha-broker: ") and all(p in line for p in parts), line
+    assert "Traceback" not in r.stderr
