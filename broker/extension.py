@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
-    from broker.links import Completion, LinkHandler
+    from broker.links import AcceptCompletion, Completion, LinkHandler
     from broker.management import Request, Response
     from broker.queue import Entry, Queue
     from broker.server import Server
@@ -61,6 +61,11 @@ class Extension:
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
         """A client's delivery was enqueued at `routed`. Return True to hold its settlement (then call
         `completion.release()` exactly once later)."""
+        return False
+
+    def hold_accept(self, token: AcceptCompletion, queue: Queue) -> bool:
+        """A consumer that waits for the broker's settlement (receiver-settle-mode second) accepted a message of
+        `queue`, already dequeued. Return True to hold the answer (then call `token.release()` exactly once later)."""
         return False
 
     def may_settle(self) -> bool:

@@ -86,6 +86,20 @@ class Completion:
         self.release()
 
 
+class AcceptCompletion:
+    """A consumer's accept the broker answers (settles) only once every holder released it: a consumer with
+    receiver-settle-mode second learns that its accept took effect (e.g. the backups have the dequeue)."""
+
+    __slots__ = ("consumer", "delivery")
+
+    def __init__(self, consumer: ConsumerLink, delivery: Any) -> None:
+        self.consumer = consumer
+        self.delivery = delivery  # raw pointer; None once the consumer settled it itself
+
+    def release(self) -> None:
+        self.consumer.server.accepts_to_settle.append(self)
+
+
 class PublisherLink(LinkHandler):
     """A client sends to a queue, an exchange, or (null target) anywhere named by each message's `to`."""
 
@@ -159,6 +173,7 @@ class ConsumerLink(LinkHandler):
         self.counts_as_consumer = True
         self.presettled = raw.link_remote_snd_settle_mode(self.l) == raw.SND_SETTLED
         self.unacked: dict[Any, Entry] = {}  # delivery pointer -> entry
+        self.answering: dict[Any, AcceptCompletion] = {}  # accepted, dequeued, settled once the holders release
         self.cursor = 0  # browse position
         self.undeliverable: set[int] = set()  # positions this consumer said it cannot take
         self.tag = 0
@@ -198,10 +213,18 @@ class ConsumerLink(LinkHandler):
         entry = self.unacked.get(d)
         state = raw.delivery_remote_state(d)
         if entry is None:
+            held = self.answering.get(d)
+            if held is not None:
+                if raw.delivery_settled(d):  # the consumer stopped waiting for our answer: the pointer goes now
+                    del self.answering[d]
+                    held.delivery = None
+                    raw.delivery_settle(d)
+                return
             if state or raw.delivery_settled(d):
                 raw.delivery_settle(d)
             return
-        if not state and not raw.delivery_settled(d):
+        remote_settled = raw.delivery_settled(d)
+        if not state and not remote_settled:
             return
         if state == TRANSACTIONAL:
             if self.server.transactions.outcome(self, d, entry):
@@ -211,6 +234,11 @@ class ConsumerLink(LinkHandler):
         q = self.queue
         if state == raw.ACCEPTED or not state:
             q.dequeue(entry, DequeueReason.ACCEPTED)
+            if state and not remote_settled:  # receiver-settle-mode second: it waits for our settlement
+                token = AcceptCompletion(self, d)
+                if self.server.hold_accept(token, q):
+                    self.answering[d] = token
+                    return
         elif state == raw.RELEASED:
             q.release(entry, delivery_failed=False, redelivered=False)
             self.server.wake_queue(q)
@@ -244,7 +272,14 @@ class ConsumerLink(LinkHandler):
             self.server.wake_queue(self.queue)
         return n
 
+    def answer(self, token: AcceptCompletion) -> None:
+        """Settle a held accept (the link is open: its pointers are valid)."""
+        d = token.delivery
+        if d is not None and self.answering.pop(d, None) is token:
+            raw.delivery_settle(d)
+
     def on_detached(self) -> None:
+        self.answering.clear()  # their pointers go with the link; the accepts took effect (dequeued)
         self.conn.unsettled_returned += self.return_unacked()
 
 

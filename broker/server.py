@@ -27,7 +27,7 @@ from broker.config import BrokerConfig
 from broker.connections import Connections, ConnectionState
 from broker.engine import Engine
 from broker.extension import Extension
-from broker.links import Completion, ConsumerLink, EventsLink, LinkHandler, PublisherLink
+from broker.links import AcceptCompletion, Completion, ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
 from broker.memory import MemoryBound
@@ -72,6 +72,7 @@ class Server:
         self.dirty: set[Queue] = set()
         self.woken: set[LinkHandler] = set()
         self.to_settle: list[Completion] = []
+        self.accepts_to_settle: list[AcceptCompletion] = []  # consumer accepts whose holders released them
         self.auto_delete_timers: dict[Queue, float] = {}
         self._on_pass_once: list[Callable[[], None]] = []
         self._fence_retry: Any = None
@@ -130,11 +131,11 @@ class Server:
             ha_cluster=self.config.ha_cluster,
             data_dir=str(self.config.data_dir) if self.config.data_dir else None,
         )
-        for ext in self.extensions:
         if self.tls is not None:
             log.info("tls.enabled", address=f"{self.config.host}:{self.port}", tls=self.tls.mode,
                      client_cert=self.tls.require_client_cert, subject=cert_subject(self.tls.cert),
                      path=str(self.tls.cert))
+        for ext in self.extensions:
             ext.started(self)
 
     def run(self) -> None:
@@ -316,8 +317,24 @@ class Server:
                 batch, self.to_settle = self.to_settle, []
                 self._settle(batch)
                 did = True
+            if self.accepts_to_settle and self._fences_pass():
+                accepts, self.accepts_to_settle = self.accepts_to_settle, []
+                for a in accepts:
+                    if not a.consumer.closed:
+                        a.consumer.answer(a)
+                did = True
             if not did:
                 return
+
+    def hold_accept(self, token: AcceptCompletion, queue: Queue) -> bool:
+        """A consumer waiting for our settlement accepted a message of `queue`: may an extension hold the answer?"""
+        held = False
+        for ext in self.extensions:
+            if ext.hold_accept(token, queue):
+                if held:
+                    raise RuntimeError("two extensions hold one accept")  # one token, one release
+                held = True
+        return held
 
     def _fences_pass(self) -> bool:
         if all(ext.may_settle() for ext in self.extensions):

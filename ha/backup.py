@@ -75,6 +75,8 @@ class Backup:
         self.ack_link: Any = None  # batched acknowledgements to the primary, when it offers them
         self.binary_acks = False  # the primary reads the binary acknowledgement form
         self.pending_acks: dict[str, PositionSet] = {}  # queue -> positions applied, not yet acknowledged
+        self.dequeue_acks = False  # the primary reads version-2 acknowledgements: dequeues are acknowledged too
+        self.pending_dequeues: dict[str, PositionSet] = {}  # queue -> dequeue ranges applied, not yet acknowledged
         self.wiring_ready = False
         self._reconnect_task: Any = None
         self._attempt_address: str | None = None
@@ -198,7 +200,9 @@ class Backup:
         self.replicators.clear()
         self.pending.clear()
         self.pending_acks.clear()
+        self.pending_dequeues.clear()
         self.ack_link = None
+        self.dequeue_acks = False
         self.events_buffer = None
         self.snapshot.clear()
         self.wiring_ready = False
@@ -245,6 +249,7 @@ class Backup:
         if props.get(P.PROP_ACKS) == P.ACKS_BATCHED and self.config.ha_batched_acks:
             self.ack_link = self.sender(P.ACKS_ADDRESS, "ha-acks")
             self.binary_acks = props.get(P.PROP_ACKS_FORMAT) == P.BATCH_VERSION and self.config.ha_batch_bytes > 0
+            self.dequeue_acks = self.binary_acks and props.get(P.PROP_DEQUEUE_ACKS) == 1
         self.reply_link = self.receiver(None, "ha-replies", credit=CONTROL_CREDIT, dynamic=True)
 
     def receiver(self, address: str | None, name: str, credit: int, dynamic: bool = False,
@@ -354,24 +359,27 @@ class Backup:
             self._lost(f"journal cannot write: {store.failed}")
             return
         link = self.ack_link
-        if not self.pending_acks or link is None or not self.connected:
+        if not (self.pending_acks or self.pending_dequeues) or link is None or not self.connected:
             return
         acks, self.pending_acks = self.pending_acks, {}
+        dequeues, self.pending_dequeues = self.pending_dequeues, {}
         if store is None:
-            self._send_acks(link, acks)
+            self._send_acks(link, acks, dequeues)
         else:
-            store.when_synced(lambda: self._send_acks(link, acks))
+            store.when_synced(lambda: self._send_acks(link, acks, dequeues))
 
-    def _send_acks(self, link: Any, acks: dict[str, PositionSet]) -> None:
+    def _send_acks(self, link: Any, acks: dict[str, PositionSet], dequeues: dict[str, PositionSet]) -> None:
         if link is not self.ack_link or not self.connected:
             return  # that connection is gone: the next one starts from what this broker holds
-        if link.credit <= 0:
-            for name, positions in acks.items():  # wait for credit: merge back
-                mine = self.pending_acks.get(name)
-                self.pending_acks[name] = positions if mine is None else positions.union(mine)
+        if link.credit <= 0:  # wait for credit: merge back
+            for mine, theirs in ((self.pending_acks, acks), (self.pending_dequeues, dequeues)):
+                for name, positions in theirs.items():
+                    have = mine.get(name)
+                    mine[name] = positions if have is None else positions.union(have)
             return
         if self.binary_acks:
-            data = B.encode_acks({name: positions.ranges() for name, positions in acks.items()})
+            data = B.encode_acks({name: positions.ranges() for name, positions in acks.items()},
+                                 {name: ps.ranges() for name, ps in dequeues.items()} if self.dequeue_acks else None)
         else:
             data = Message(body={name: positions.to_wire() for name, positions in acks.items()}).encode()
         raw.send_settled(link._impl, next(_tags), data)
@@ -563,6 +571,14 @@ class Backup:
         if ps is None:
             ps = self.pending_acks[queue] = PositionSet()
         ps.add_sequence(positions)
+
+    def dequeue_applied(self, queue: str, lo: int, hi: int) -> None:
+        """A batch's dequeue range lo..hi was applied: acknowledged with the next batch (version-2 primaries)."""
+        if self.dequeue_acks:
+            ps = self.pending_dequeues.get(queue)
+            if ps is None:
+                ps = self.pending_dequeues[queue] = PositionSet()
+            ps.add_range(lo, hi)
 
     # ----- membership -------------------------------------------------------------------------------------------
     def _membership(self, msg: Message) -> None:

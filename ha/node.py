@@ -17,7 +17,7 @@ from broker.config import BrokerConfig, ConfigError, Coordinator, flag_name, loa
 from broker.connections import ConnectionState
 from broker.errors import Refusal
 from broker.extension import Extension
-from broker.links import Completion, LinkHandler
+from broker.links import AcceptCompletion, Completion, LinkHandler
 from broker.log import get_logger
 from broker.management import Request, Response, install_operations
 from broker.message import properties_of
@@ -89,6 +89,9 @@ class HaNode(Extension):
 
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
         return self.primary is not None and self.primary.hold(completion, routed)
+
+    def hold_accept(self, token: AcceptCompletion, queue: Queue) -> bool:
+        return self.primary is not None and self.primary.hold_accept(token, queue)
 
     def may_settle(self) -> bool:
         return self.coordinated is None or self.coordinated.may_settle()
@@ -275,6 +278,7 @@ class HaNode(Extension):
             props[P.PROP_ACKS] = P.ACKS_BATCHED
             if self.config.ha_batch_bytes > 0:
                 props[P.PROP_ACKS_FORMAT] = P.BATCH_VERSION
+                props[P.PROP_DEQUEUE_ACKS] = 1
         if self.config.ha_public_url:
             props[P.PROP_PUBLIC_URL] = self.config.ha_public_url
         return props

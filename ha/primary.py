@@ -22,7 +22,7 @@ from proton import Message
 
 from broker.connections import ConnectionState
 from broker.errors import LinkError, Refusal
-from broker.links import Completion, LinkHandler
+from broker.links import AcceptCompletion, Completion, LinkHandler
 from broker.log import fast, get_logger
 from broker.queue import Entry, Queue
 from broker.server import Server
@@ -333,6 +333,17 @@ class Primary:
                 completion.pending += places - 1
                 held = True
         return held
+
+    def hold_accept(self, token: AcceptCompletion, q: Queue) -> bool:
+        """A consumer's accept on a replicated queue is answered once the backups that receive its dequeues
+        acknowledged them (and the journal has it): see ha.core.accepts."""
+        if not self.backups or not self.replicated(q):
+            return False
+        w = self.watches.get(q.name)
+        if w is None or not any(s.dequeue_acks for s in w.senders.values()):
+            return False
+        w.hold_accept(token)
+        return True
 
     def acked(self, b: RemoteBackup, queue: str, positions: PositionSet) -> None:
         result = self.guards.acked(b.name, queue, positions)

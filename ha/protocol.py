@@ -17,6 +17,11 @@ pre-settled and acknowledges in batches instead: once per pass of its event loop
 last batch. Otherwise (an older primary or backup) the backup settles each transfer once applied, and that
 settlement is the acknowledgement. Either way the primary settles a client's message only after every ready backup acknowledged it;
 batching saves the primary one delivery event per message per backup.
+
+Dequeue acknowledgements: when the primary's connection properties also offer `x-understudy-dequeue-acks: 1` and
+the backup uses the binary form, the backup attaches its replicating browsers with link property `dequeue-acks: 1`
+and its acknowledgements (version 2) carry the dequeue ranges it applied too. The primary answers a consumer's accept
+(receiver-settle-mode second) only once every such browser of the queue acknowledged the dequeue (ha.core.accepts).
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ PROP_REPLICATE = "x-understudy-replicate"
 PROP_PUBLIC_URL = "x-understudy-public-url"
 PROP_ACKS = "x-understudy-acks"  # a primary that takes batched acknowledgements says ACKS_BATCHED
 PROP_ACKS_FORMAT = "x-understudy-acks-format"  # 1: the primary also reads binary acknowledgements (ha.core.batch)
+PROP_DEQUEUE_ACKS = "x-understudy-dequeue-acks"  # 1: the primary reads version-2 acknowledgements (dequeues too)
 
 LINK_BATCH = "batch"  # link property of a replicating browser: the batch format version offered / accepted
 BATCH_VERSION = 1  # ha.core.batch
+LINK_DEQUEUE_ACKS = "dequeue-acks"  # link property of a replicating browser: 1 = its dequeues are acknowledged
 LINK_BATCH_MAX = "batch-max"  # the newest batch format a backup reads / the primary sends (ha.core.batch: 2)
 
 TAG_LIVE = "e"

@@ -54,6 +54,8 @@ class QueueReplicator:
             if backup.config.ha_batch_bytes > 0:
                 props[P.LINK_BATCH] = P.BATCH_VERSION
                 props[P.LINK_BATCH_MAX] = B.VERSION_MAX
+                if backup.dequeue_acks:
+                    props[P.LINK_DEQUEUE_ACKS] = 1
         self.link = backup.receiver(P.QUEUE_PREFIX + queue.name, f"ha-q-{queue.name}", credit=self.window,
                                     properties=props)
         self.l = self.link._impl
@@ -122,6 +124,7 @@ class QueueReplicator:
                 self._apply_state(q, r)  # type: ignore[arg-type]
             elif len(r) == 2:
                 q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc, arg-type]
+                self.backup.dequeue_applied(q.name, r[0], r[1])  # type: ignore[misc, arg-type]
             else:
                 pos, level, flags, count, expires, body = r  # type: ignore[misc]
                 if pos not in entries and (q.paged is None or pos not in q.paged):

@@ -18,10 +18,11 @@ from proton import Message
 
 from broker.connections import ConnectionState
 from broker.engine import raw
-from broker.links import Completion, LinkHandler
+from broker.links import AcceptCompletion, Completion, LinkHandler
 from broker.log import get_logger
 from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReason, Entry, Queue
 from ha import protocol as P
+from ha.core.accepts import AcceptGroup, DequeueWaits
 from ha.core.batch import ENQUEUE, VERSION_MAX, BatchWriter, is_binary_acks, parse_acks
 from ha.core.idset import PositionSet
 
@@ -48,8 +49,8 @@ class QueueWatch:
     the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
     browser. Per message it only appends to a list or a range set."""
 
-    __slots__ = ("fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue", "returned",
-                 "scheduled", "senders", "taken")
+    __slots__ = ("accepts", "fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue",
+                 "returned", "scheduled", "senders", "taken")
 
     def __init__(self, primary: Primary, queue: str) -> None:
         self.primary = primary
@@ -62,12 +63,20 @@ class QueueWatch:
         self.held_bytes = 0
         self.taken: list[int] = []  # positions acquired by consumers in this pass
         self.returned: list[tuple[int, int, int, int]] = []  # released: (len(taken) then, position, flags, count)
+        self.accepts: list[AcceptCompletion] = []  # consumer accepts of this pass answered once dequeues are replicated
         self.scheduled = False
 
     def hold(self, position: int, completion: Completion, nbytes: int) -> None:
         self.held_positions.append(position)
         self.held_tokens.append(completion)
         self.held_bytes += nbytes
+        if not self.scheduled:
+            self.scheduled = True
+            self.primary.changed.append(self)
+
+    def hold_accept(self, token: AcceptCompletion) -> None:
+        """A consumer's accept of a message this pass dequeued: answered once the backups have the dequeue."""
+        self.accepts.append(token)
         if not self.scheduled:
             self.scheduled = True
             self.primary.changed.append(self)
@@ -130,6 +139,10 @@ class QueueWatch:
             for c in p.guards.dequeued(self.queue, gone):
                 c.release()
         ops = self._state_ops() if self.taken or self.returned else None
+        group: AcceptGroup[AcceptCompletion] | None = None
+        if self.accepts:
+            group = AcceptGroup(self.accepts)
+            self.accepts = []
         for s in self.senders.values():
             if s.closed:
                 continue
@@ -137,9 +150,18 @@ class QueueWatch:
                 s.take_live(fresh)
             if gone:
                 s.take_dequeued(gone)
+                if group is not None and s.dequeue_acks:
+                    s.dq_waits.add(gone, group)
             if ops and s.version >= 2:
                 s.state_ops.extend(ops)
             p.to_run.add(s)
+        if group is not None:
+            store = p.server.store
+            if store is not None and gone:  # and our own journal has the dequeues
+                group.wait()
+                store.when_synced(lambda: _answer(group.release_one()))
+            if not group.waiting:
+                _answer(group.tokens)
 
 
 class ReplicatingSender(LinkHandler):
@@ -161,6 +183,10 @@ class ReplicatingSender(LinkHandler):
         self.dequeues = PositionSet()
         self.dequeues.update(plan.dequeues)
         self.acks = PositionSet()  # acknowledged since the last run(): ranges, so the guards work per range
+        # The backup acknowledges the dequeues it applied (batch acknowledgements version 2): consumer accepts of
+        # this queue wait for them (ha.core.accepts).
+        self.dequeue_acks = batch and (link.remote_properties or {}).get(P.LINK_DEQUEUE_ACKS) == 1
+        self.dq_waits: DequeueWaits[AcceptCompletion] = DequeueWaits()
         # Live messages sent and not acknowledged: (highest position, bytes) per batch (per message in the older
         # format); the backup applies in order, so an acknowledgement of p covers every entry up to p.
         self.inflight: deque[tuple[int, int]] = deque()
@@ -208,6 +234,10 @@ class ReplicatingSender(LinkHandler):
     def acknowledged(self, positions: PositionSet) -> None:
         self.acks = self.acks.union(positions) if self.acks else positions
         self.primary.to_run.add(self)
+
+    def dequeues_acknowledged(self, positions: PositionSet) -> None:
+        if self.dq_waits:
+            _answer(self.dq_waits.acked(positions))
 
     def on_flow(self) -> None:
         self.primary.to_run.add(self)
@@ -422,11 +452,17 @@ class ReplicatingSender(LinkHandler):
 
     def on_detached(self) -> None:
         self.primary.to_run.discard(self)
+        _answer(self.dq_waits.drop())
         w = self.primary.watches.get(self.queue.name)
         if w is not None and w.senders.get(self.backup.name) is self:
             del w.senders[self.backup.name]
         if self.backup.senders.get(self.queue.name) is self:
             del self.backup.senders[self.queue.name]
+
+
+def _answer(tokens: list[AcceptCompletion]) -> None:
+    for t in tokens:
+        t.release()
 
 
 def _ranges(positions: list[int]) -> list[tuple[int, int]]:
@@ -454,8 +490,10 @@ class AckLink(LinkHandler):
         raw.delivery_settle(d)
         raw.top_up(self.l, self.CREDIT, 0)  # in half-window steps: a flow frame per ack would wake the backup
         try:
+            dequeued: dict[str, list[tuple[int, int]]] = {}
             if is_binary_acks(data):
-                acks = {name: PositionSet.from_ranges(ranges) for name, ranges in parse_acks(data).items()}
+                applied, dequeued = parse_acks(data)
+                acks = {name: PositionSet.from_ranges(ranges) for name, ranges in applied.items()}
             else:
                 m = Message()
                 m.decode(data)
@@ -470,6 +508,10 @@ class AckLink(LinkHandler):
             sender = self.backup.senders.get(name)
             if sender is not None and positions:
                 sender.acknowledged(positions)
+        for name, ranges in dequeued.items():
+            sender = self.backup.senders.get(name)
+            if sender is not None:
+                sender.dequeues_acknowledged(PositionSet.from_ranges(ranges))
 
 
 class StatusLink(LinkHandler):

@@ -481,8 +481,9 @@ class Store(Extension):
         return self.failed
 
     def when_synced(self, fn: Callable[[], None]) -> None:
-        """Call `fn` once everything journaled so far is on disk (now, if it is)."""
-        if self.journal.pending or self.waiting:
+        """Call `fn` once everything journaled so far is on disk (now, if it is); dequeues gathered in this pass
+        count as journaled (they are written at the end of it)."""
+        if self.journal.pending or self.waiting or self.dequeues:
             self.after.append(fn)
         elif self.tickets:
             self.tickets[-1][2].append(fn)

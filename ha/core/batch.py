@@ -38,7 +38,12 @@ Acknowledgements (`$ha.acks`, one transfer per pass of the backup) have a binary
 connection properties say ``x-understudy-acks-format: 1`` (a primary reads both forms; it tells them apart by the
 first section)::
 
-    acks    = "UA" version:u8 (name-length:u16 name ranges:u32 (lo:u64 hi:u64)*)*
+    acks    = "UA" 1 (name-length:u16 name ranges:u32 (lo:u64 hi:u64)*)*
+            | "UA" 2 (name-length:u16 name ranges:u32 (lo:u64 hi:u64)* dequeued:u32 (lo:u64 hi:u64)*)*
+
+Version 2 also acknowledges the dequeue ranges the backup applied (and journaled), so that the primary can answer a
+consumer's accept once every backup has the dequeue (ha.core.accepts). A backup sends it only to a primary whose
+connection properties say ``x-understudy-dequeue-acks: 1``; the primary then reads both versions.
 """
 
 from __future__ import annotations
@@ -105,20 +110,28 @@ class Window(NamedTuple):
 Record = Enqueue | Dequeue | Acquired | Released | Window  # tell them apart by type: `type(r) is tuple` for the first two
 
 
-_ACK_HEAD = b"UA" + bytes([VERSION])
+_ACK_HEADS = {v: b"UA" + bytes([v]) for v in (1, 2)}
 _RANGE = struct.Struct(">QQ")
 _NAME = struct.Struct(">H")
 _COUNT = struct.Struct(">I")
 
+Ranges = list[tuple[int, int]]
 
-def encode_acks(acks: dict[str, Iterable[tuple[int, int]]]) -> bytes:
-    """{queue: [(lo, hi), ...]} as one AMQP data section (the binary acknowledgement form)."""
-    parts = [b"", _ACK_HEAD]
-    for name, ranges in acks.items():
+
+def encode_acks(acks: dict[str, Iterable[tuple[int, int]]],
+                dequeued: dict[str, Iterable[tuple[int, int]]] | None = None) -> bytes:
+    """{queue: [(lo, hi), ...]} as one AMQP data section (the binary acknowledgement form): version 1, or version 2
+    when `dequeued` (the dequeue ranges applied, per queue) is given."""
+    parts = [b"", _ACK_HEADS[1 if dequeued is None else 2]]
+    names = list(acks) if dequeued is None else list(dict.fromkeys([*acks, *dequeued]))
+    for name in names:
         raw = name.encode()
-        rs = list(ranges)
-        parts.append(_NAME.pack(len(raw)) + raw + _COUNT.pack(len(rs)))
-        parts.extend(_RANGE.pack(lo, hi) for lo, hi in rs)
+        parts.append(_NAME.pack(len(raw)) + raw)
+        sections = [acks.get(name, ())] if dequeued is None else [acks.get(name, ()), dequeued.get(name, ())]
+        for ranges in sections:
+            rs = list(ranges)
+            parts.append(_COUNT.pack(len(rs)))
+            parts.extend(_RANGE.pack(lo, hi) for lo, hi in rs)
     size = sum(len(p) for p in parts)
     parts[0] = _SECTION_HEAD + size.to_bytes(4, "big")
     return b"".join(parts)
@@ -128,17 +141,21 @@ def is_binary_acks(payload: bytes) -> bool:
     return payload[:4] == _SECTION_HEAD and payload[8:10] == b"UA"
 
 
-def parse_acks(payload: bytes) -> dict[str, list[tuple[int, int]]]:
-    """The binary acknowledgement form back to {queue: [(lo, hi), ...]}. Raises BatchError (nothing partial)."""
+def parse_acks(payload: bytes) -> tuple[dict[str, Ranges], dict[str, Ranges]]:
+    """The binary acknowledgement form back to ({queue: applied [(lo, hi), ...]}, {queue: dequeued ranges}) (the
+    second is empty in version 1). Raises BatchError (nothing partial)."""
     if not is_binary_acks(payload):
         raise BatchError("not a binary acknowledgement")
     end = 8 + int.from_bytes(payload[4:8], "big")
     if end != len(payload):
         raise BatchError("acknowledgement length does not match its section")
-    if payload[8:11] != _ACK_HEAD:
-        raise BatchError(f"acknowledgement format version {payload[10]} is not supported")
+    version = payload[10] if len(payload) > 10 else 0
+    if payload[8:11] != _ACK_HEADS.get(version):
+        raise BatchError(f"acknowledgement format version {version} is not supported")
     off = 11
-    out: dict[str, list[tuple[int, int]]] = {}
+    applied: dict[str, Ranges] = {}
+    dequeued: dict[str, Ranges] = {}
+    outs = [applied] if version == 1 else [applied, dequeued]
     try:
         while off < end:
             (n,) = _NAME.unpack_from(payload, off)
@@ -147,20 +164,21 @@ def parse_acks(payload: bytes) -> dict[str, list[tuple[int, int]]]:
                 raise BatchError("acknowledgement truncated in a queue name")
             name = payload[off : off + n].decode()
             off += n
-            (count,) = _COUNT.unpack_from(payload, off)
-            off += 4
-            if off + 16 * count > end:
-                raise BatchError(f"acknowledgement of {name!r} truncated")
-            ranges = out.setdefault(name, [])
-            for _ in range(count):
-                lo, hi = _RANGE.unpack_from(payload, off)
-                off += 16
-                if lo == 0 or lo > hi:
-                    raise BatchError(f"acknowledgement of {name!r}: bad range {lo}..{hi}")
-                ranges.append((lo, hi))
+            for out in outs:
+                (count,) = _COUNT.unpack_from(payload, off)
+                off += 4
+                if off + 16 * count > end:
+                    raise BatchError(f"acknowledgement of {name!r} truncated")
+                ranges = out.setdefault(name, [])
+                for _ in range(count):
+                    lo, hi = _RANGE.unpack_from(payload, off)
+                    off += 16
+                    if lo == 0 or lo > hi:
+                        raise BatchError(f"acknowledgement of {name!r}: bad range {lo}..{hi}")
+                    ranges.append((lo, hi))
     except (struct.error, UnicodeDecodeError) as e:
         raise BatchError(f"acknowledgement truncated or garbled: {e}") from None
-    return out
+    return applied, {k: v for k, v in dequeued.items() if v}
 
 
 class BatchWriter:

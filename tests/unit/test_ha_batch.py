@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import BatchError
-from ha.core.batch import DEFAULT_LIMIT, BatchWriter, parse
+from ha.core.batch import DEFAULT_LIMIT, BatchWriter, encode_acks, parse, parse_acks
 
 MAX = 10 * 1024 * 1024
 
@@ -175,3 +175,28 @@ def test_a_truncated_window_record_is_refused(cut: int) -> None:
     body = body[: len(body) - cut]
     with pytest.raises(BatchError):
         parse(b"\x00\x53\x75\xb0" + len(body).to_bytes(4, "big") + body, MAX)
+
+
+# ----- acknowledgements ----------------------------------------------------------------------------------------
+def test_acknowledgements_version_1_carry_applied_ranges_only() -> None:
+    payload = encode_acks({"a": [(1, 3), (7, 7)], "b": []})
+    assert payload[8:11] == b"UA\x01"
+    assert parse_acks(payload) == ({"a": [(1, 3), (7, 7)], "b": []}, {})
+
+
+def test_acknowledgements_version_2_carry_dequeues_too_even_for_a_queue_with_nothing_applied() -> None:
+    payload = encode_acks({"a": [(1, 3)]}, {"a": [(2, 2)], "b": [(5, 9)]})
+    assert payload[8:11] == b"UA\x02"
+    assert parse_acks(payload) == ({"a": [(1, 3)], "b": []}, {"a": [(2, 2)], "b": [(5, 9)]})
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_damaged_acknowledgements_are_refused(version: int) -> None:
+    payload = encode_acks({"q": [(1, 2)]}, {"q": [(1, 1)]} if version == 2 else None)
+    for cut in range(12, len(payload)):  # (11: the header alone is a valid empty acknowledgement)
+        short = payload[:cut]
+        short = short[:4] + (len(short) - 8).to_bytes(4, "big") + short[8:]
+        with pytest.raises(BatchError):
+            parse_acks(short)
+    with pytest.raises(BatchError, match="version 3"):
+        parse_acks(payload[:10] + b"\x03" + payload[11:])

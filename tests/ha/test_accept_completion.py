@@ -1,0 +1,133 @@
+"""A consumer's accept is answered only once the backups have the dequeue (issue 12, "asynchronous completion of
+accept"): a consumer with receiver-settle-mode second that saw its accept settled never gets that message again,
+whatever fails over. Real broker processes, SIGSTOP and SIGKILL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from proton import Delivery, Link, Message, Timeout
+from proton.reactor import LinkOption
+
+from tests.support.amqp import connect, mgmt
+from tests.support.cluster import Cluster
+
+Make = Callable[..., Cluster]
+_names = itertools.count()
+
+
+class SettleSecond(LinkOption):  # type: ignore[misc]
+    """Receiver-settle-mode second: the consumer waits for the broker's settlement of its outcome."""
+
+    def apply(self, link: Any) -> None:
+        link.rcv_settle_mode = Link.RCV_SECOND
+
+
+def _accept_without_settling(conn: Any, queue: str, n: int) -> list[Any]:
+    """Take `n` messages and accept them in mode second: the deliveries (returned) stay open until the broker
+    settles them."""
+    r = conn.create_receiver(queue, credit=0, name=f"{queue}-{next(_names)}", options=SettleSecond())
+    r.link.flow(n)
+    conn.wait(lambda: r.fetcher.has_message >= n, timeout=10, msg=f"{n} messages")
+    deliveries = []
+    for _ in range(n):
+        r.fetcher.pop()
+        d = r.fetcher.unsettled.popleft()
+        d.update(Delivery.ACCEPTED)
+        deliveries.append(d)
+    return deliveries
+
+
+def _answered(conn: Any, deliveries: list[Any], timeout: float) -> bool:
+    """Did the broker settle every accept within `timeout` seconds?"""
+    try:
+        conn.wait(lambda: all(d.settled for d in deliveries), timeout=timeout, msg="accepts answered")
+        return True
+    except Timeout:
+        return False
+
+
+def _bodies(url: str, queue: str) -> list[Any]:
+    c = connect(url, 30)
+    try:
+        r = c.create_receiver(queue, credit=100)
+        out: list[Any] = []
+        while True:
+            try:
+                m = r.receive(timeout=1.0)
+            except Timeout:
+                return out
+            out.append(m.body)
+            r.accept()
+    finally:
+        c.close()
+
+
+def _filled(c: Cluster, queue: str, n: int) -> Any:
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", queue, {})
+    conn = connect(c[0].url)
+    s = conn.create_sender(queue)
+    for i in range(n):
+        s.send(Message(body=i, durable=True))
+    return conn
+
+
+def test_an_accept_is_answered_once_the_backup_has_the_dequeue_and_never_delivered_again(cluster: Make) -> None:
+    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
+    c.start_with_primary(0)
+    conn = _filled(c, "aq", 10)
+    c[1].signal(signal.SIGSTOP)
+    try:
+        held = _accept_without_settling(conn, "aq", 4)
+        assert not _answered(conn, held, 1.0), "answered while the backup could not have the dequeue"
+    finally:
+        c[1].signal(signal.SIGCONT)
+    assert _answered(conn, held, 10.0)
+    for d in held:
+        d.settle()
+    more = _accept_without_settling(conn, "aq", 2)
+    assert _answered(conn, more, 10.0)
+    c[0].kill()  # at once: whatever the consumer saw answered is dequeued on the backup
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    assert _bodies(c[1].url, "aq") == [6, 7, 8, 9]
+
+
+def test_an_accept_held_for_a_backup_that_dies_is_answered_when_the_backup_is_dropped(cluster: Make) -> None:
+    c = cluster(2)
+    c.start_with_primary(0)
+    conn = _filled(c, "dies", 3)
+    c[1].signal(signal.SIGSTOP)
+    held = _accept_without_settling(conn, "dies", 2)
+    c[1].kill()
+    assert _answered(conn, held, 15.0)  # the primary stops waiting for a backup it dropped
+    assert _bodies(c[0].url, "dies") == [2]
+
+
+@pytest.mark.parametrize("flags", [["--ha-batch-bytes", "0"], ["--no-ha-batched-acks"]])
+def test_a_backup_that_does_not_acknowledge_dequeues_does_not_hold_accepts(cluster: Make, flags: list[str]) -> None:
+    """A backup of an older format (per-message transfers or per-transfer settlement) cannot say it applied a
+    dequeue: accepts are answered without it (rolling upgrade: correct, not stuck)."""
+    c = cluster(2, heartbeat=4.0)
+    c.start(0)
+    c.promote(0)
+    c.wait_state(0, "active")
+    c[1].args = [*c[1].args, *flags]
+    c[1].start()
+    c.wait_state(1, "ready")
+    conn = _filled(c, "old", 3)
+    c[1].signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        held = _accept_without_settling(conn, "old", 2)
+        assert _answered(conn, held, 3.0)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        c[1].signal(signal.SIGCONT)
