@@ -740,7 +740,7 @@ def check_values(params: Mapping[str, str]) -> list[Problem]:
             bad("monitor_timeout: must be > 0 seconds")
     except ValueError:
         bad(f"monitor_timeout: expected seconds, got {params.get('monitor_timeout')!r}")
-    for key in ("data_dir", "config", "bindir", "log_file", "pid_file", "admin_socket"):
+    for key in ("data_dir", "config", "bindir", "log_file", "pid_file", "admin_socket", *TLS_FILES):
         value = params.get(key, "")
         if value and not value.startswith("/"):
             bad(f"{key}: must be an absolute path, got {value!r}")
@@ -748,6 +748,18 @@ def check_values(params: Mapping[str, str]) -> list[Problem]:
         bad("data_dir: required")
     elif len(admin_socket(params).encode()) > UNIX_SOCKET_PATH_MAX:
         bad(f"admin_socket: {admin_socket(params)!r} is longer than {UNIX_SOCKET_PATH_MAX} bytes")
+    tls = {key: params.get(key, "") for key in TLS_FILES}
+    if bool(tls["ssl_cert"]) != bool(tls["ssl_key"]):
+        bad("ssl_cert: ssl_cert and ssl_key go together (the broker's certificate and its key)")
+    if tls["ssl_cert"] and not tls["ssl_ca"]:
+        bad("ssl_ca: required with ssl_cert (a backup verifies its primary's certificate against it)")
+    if not tls["ssl_cert"] and tls["ssl_ca"]:
+        bad("ssl_ca: needs ssl_cert and ssl_key")
+    require = params.get("ssl_require_client_cert", "")
+    if require and require.lower() not in BOOLEANS:
+        bad(f"ssl_require_client_cert: expected true or false, got {require!r}")
+    elif require.lower() in TRUE and not tls["ssl_cert"]:
+        bad("ssl_require_client_cert: needs ssl_cert, ssl_key and ssl_ca")
     try:
         shlex.split(params.get("options", ""))
     except ValueError as exc:
@@ -774,7 +786,17 @@ def broker_command(params: Mapping[str, str], ha_broker: str, node_name: str) ->
         cmd += ["--ha-public-url", params["public_url"]]
     if params.get("config"):
         cmd += ["--config", params["config"]]
+    for key in TLS_FILES:  # TLS on the listener and towards the primary (docs/tls.md)
+        if params.get(key):
+            cmd += ["--" + key.replace("_", "-"), params[key]]
+    if params.get("ssl_require_client_cert", "").lower() in TRUE:
+        cmd += ["--ssl-require-client-cert"]
     return cmd + shlex.split(params.get("options", ""))
+
+
+TLS_FILES = ("ssl_cert", "ssl_key", "ssl_ca")
+TRUE = ("true", "yes", "1", "on")
+BOOLEANS = (*TRUE, "false", "no", "0", "off")
 
 
 UNIX_SOCKET_PATH_MAX = 107  # bytes (sockaddr_un), as broker.config checks it

@@ -221,6 +221,13 @@ GOOD = {
         ({"options": "--unbalanced 'quote"}, "options"),
         ({"admin_socket": "relative.sock"}, "admin_socket"),
         ({"data_dir": "/" + "d" * 100}, "admin_socket"),
+        ({"ssl_cert": "server.pem", "ssl_key": "/k.pem", "ssl_ca": "/ca.pem"}, "ssl_cert"),
+        ({"ssl_cert": "/s.pem"}, "ssl_cert"),
+        ({"ssl_cert": "/s.pem", "ssl_key": "/k.pem"}, "ssl_ca"),
+        ({"ssl_ca": "/ca.pem"}, "ssl_ca"),
+        ({"ssl_require_client_cert": "true"}, "ssl_require_client_cert"),
+        ({"ssl_cert": "/s.pem", "ssl_key": "/k.pem", "ssl_ca": "/ca.pem", "ssl_require_client_cert": "maybe"},
+         "ssl_require_client_cert"),
     ],
 )
 def test_check_values_names_the_bad_parameter(change: dict[str, str], culprit: str) -> None:
@@ -247,6 +254,18 @@ def test_broker_command_starts_a_backup_with_the_contract_flags() -> None:
         assert part in joined
     assert cmd[-2:] == ["--ha-heartbeat", "1"]
     assert core.admin_socket({**GOOD, "admin_socket": "/run/u.sock"}) == "/run/u.sock"
+
+
+def test_broker_command_passes_the_tls_parameters() -> None:
+    tls = {"ssl_cert": "/etc/u/s.pem", "ssl_key": "/etc/u/s.key", "ssl_ca": "/etc/u/ca.pem"}
+    assert core.check_values({**GOOD, **tls, "ssl_require_client_cert": "true"}) == []
+    joined = " ".join(core.broker_command({**GOOD, **tls, "ssl_require_client_cert": "true"}, "ha-broker", "n1"))
+    for part in ("--ssl-cert /etc/u/s.pem", "--ssl-key /etc/u/s.key", "--ssl-ca /etc/u/ca.pem",
+                 "--ssl-require-client-cert"):
+        assert part in joined
+    plain = " ".join(core.broker_command({**GOOD, **tls, "ssl_require_client_cert": "false"}, "ha-broker", "n1"))
+    assert "--ssl-cert" in plain and "--ssl-require-client-cert" not in plain
+    assert "--ssl" not in " ".join(core.broker_command(GOOD, "ha-broker", "n1"))
 
 
 # ---- whole-cluster restart (the newest store) ------------------------------------------------------------------
