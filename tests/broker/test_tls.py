@@ -117,6 +117,23 @@ def test_a_plain_client_on_a_tls_only_port_is_refused_and_both_sides_say_why(tls
     assert roundtrip(tls_only.url, domain(certs.ca), "q-kept", ["4", "5"]) == ["2", "3"]
 
 
+def test_a_plain_header_sent_in_pieces_is_refused_too(tls_only: BrokerProcess, certs: Certs) -> None:
+    """The first bytes may come one read at a time: 'A' could start proton's AMQP-TLS header, so it is held back
+    until the rest tells; then refused like any plain header."""
+    before = sum(1 for e in tls_only.events() if e["event"] == "tls.refused")
+    with socket.create_connection(("127.0.0.1", tls_only.port), timeout=5) as s:
+        s.sendall(b"AM")
+        s.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            s.recv(100)  # nothing answered yet, nothing closed: it is waiting for more
+        s.settimeout(5)
+        s.sendall(b"QP\x03\x01\x00\x00")
+        assert s.recv(100) == b""
+    wait_for(lambda: sum(1 for e in tls_only.events() if e["event"] == "tls.refused") == before + 1, 10,
+             what="the refusal in the log")
+    assert "b'AMQP\\x03" in str([e for e in tls_only.events() if e["event"] == "tls.refused"][-1]["description"])
+
+
 def test_with_allow_plain_one_port_takes_tls_and_plain(factory: BrokerFactory, certs: Certs) -> None:
     b = factory(*tls_flags(certs, "--ssl-allow-plain"), name="mixed")
     assert roundtrip(b.url, domain(certs.ca), "q-mixed", ["tls"]) == ["tls"]
