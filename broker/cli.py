@@ -69,6 +69,8 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--ha-public-url", {"help": "what clients use (e.g. the VIP host:port)"}),
     ("--ha-replicate", {"help": "default replication of new objects: all|configuration|none [all]"}),
     ("--ha-backup-timeout", {"type": float, "help": "seconds a new primary waits for expected backups [10]"}),
+    ("--ha-min-ready-backups", {"type": int, "help": "the primary settles clients' messages and accepts only while "
+                                                     "at least this many backups are ready; held meanwhile [0]"}),
     ("--ha-flow-messages", {"type": int, "help": "replication credit in messages per queue [1000]"}),
     ("--ha-flow-bytes", {"type": int, "help": "replication credit in bytes [16 MiB]"}),
     ("--ha-heartbeat", {"type": float, "help": "heartbeat seconds; a peer silent for 2 is dead [2]"}),

@@ -107,6 +107,8 @@ class BrokerConfig(BaseModel):
     ha_public_url: str | None = None
     ha_replicate: ReplicateLevel = ReplicateLevel.ALL
     ha_backup_timeout: float = Field(10.0, ge=0, le=3600)
+    # The primary settles clients' messages and accepts only while at least this many backups are ready.
+    ha_min_ready_backups: int = Field(0, ge=0, le=64)
     ha_flow_messages: int = Field(1000, ge=1, le=1_000_000)
     ha_flow_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     ha_heartbeat: float = Field(2.0, gt=0, le=600)
@@ -189,6 +191,12 @@ class BrokerConfig(BaseModel):
             raise ValueError(f"--users-file {self.users_file}: no such file")
         if self.ha_cluster and not self.ha_brokers_url:
             raise ValueError("--ha-cluster needs --ha-brokers-url (the brokers' own addresses)")
+        if self.ha_min_ready_backups and not self.ha_cluster:
+            raise ValueError("--ha-min-ready-backups needs --ha-cluster")
+        others = len((self.ha_brokers_url or "").split(",")) - 1
+        if self.ha_min_ready_backups > others:
+            raise ValueError(f"--ha-min-ready-backups {self.ha_min_ready_backups} can never be met: --ha-brokers-url "
+                             f"names {others} other broker{'s' if others != 1 else ''}")
         if self.ha_coordinator == Coordinator.ZOOKEEPER and not self.zk_hosts:
             raise ValueError("--ha-coordinator zookeeper needs --zk-hosts")
         if (self.ha_username is None) != (self.ha_password is None):

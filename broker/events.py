@@ -376,6 +376,10 @@ _EVENTS: tuple[Event, ...] = (
     Event("ha.active", _INFO, _H, "recovering primary became active",
           (U("epoch"), U("waited_seconds"), U("timed_out"))),
     Event("ha.demoted", _WARN, _H, "a primary stepped down", (U("epoch"), U("reason"))),
+    Event("ha.settle.held", _WARN, _H, "(primary) clients' settlements are held: fewer backups ready than "
+          "`--ha-min-ready-backups`", (U("ready"), U("required"))),
+    Event("ha.settle.resumed", _INFO, _H, "(primary) enough backups are ready again: held settlements go out",
+          (U("ready"), U("required"), U("held_seconds"))),
     Event("ha.guard.timeout", _WARN, _H, "expected backup did not return in `--ha-backup-timeout`",
           (U("backup"), U("released"))),
     Event("ha.epoch.refused", _ERR, _H, "a replication link from/to a stale-epoch broker was refused",

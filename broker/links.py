@@ -236,9 +236,10 @@ class ConsumerLink(LinkHandler):
             q.dequeue(entry, DequeueReason.ACCEPTED)
             if state and not remote_settled:  # receiver-settle-mode second: it waits for our settlement
                 token = AcceptCompletion(self, d)
-                if self.server.hold_accept(token, q):
-                    self.answering[d] = token
-                    return
+                self.answering[d] = token
+                if not self.server.hold_accept(token, q):
+                    token.release()  # settled at the end of the pass, behind the same fences as publishers
+                return
         elif state == raw.RELEASED:
             q.release(entry, delivery_failed=False, redelivered=False)
             self.server.wake_queue(q)

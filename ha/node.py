@@ -53,6 +53,7 @@ class HaNode(Extension):
         self.primary_public_url: str | None = None
         self.address = ""
         self.coordinated: CoordinatedRole | None = None
+        self.held_since: float | None = None  # clients' settlements held for --ha-min-ready-backups since
         self.ready_epoch = 0  # the newest epoch this broker was primary or ready in (journaled; see _record_standing)
         self.ready_view: ReadyView | None = None  # the newest member list it knows from a primary (journaled)
 
@@ -94,7 +95,24 @@ class HaNode(Extension):
         return self.primary is not None and self.primary.hold_accept(token, queue)
 
     def may_settle(self) -> bool:
-        return self.coordinated is None or self.coordinated.may_settle()
+        if self.coordinated is not None and not self.coordinated.may_settle():
+            return False
+        return self._enough_backups()
+
+    def _enough_backups(self) -> bool:
+        """--ha-min-ready-backups: a primary with fewer ready backups holds clients' settlements (logged once per
+        hold); a timeout is the client's own (docs/replication.md)."""
+        short = self.primary.settle_shortfall() if self.primary is not None else None
+        if short is not None:
+            if self.held_since is None:
+                self.held_since = time.time()
+                log.warning("ha.settle.held", ready=short[0], required=short[1])
+            return False
+        if self.held_since is not None:
+            log.info("ha.settle.resumed", ready=self.primary.ready_backups() if self.primary else 0,
+                     required=self.config.ha_min_ready_backups, held_seconds=round(time.time() - self.held_since, 3))
+            self.held_since = None
+        return True
 
     def end_of_pass(self) -> bool:
         if self.primary is not None:
@@ -332,6 +350,7 @@ class HaNode(Extension):
             "ready_epoch": self.ready_epoch,
             "ready_view": self.ready_view.to_json() if self.ready_view is not None else None,
             "journal_failed": self.server.store.failed if self.server.store is not None else None,
+            "settle_held": self._settle_held(),
             "members": members,
             "membership_since": self.membership_since,
             "configured_public_url": self.config.ha_public_url,
@@ -339,6 +358,12 @@ class HaNode(Extension):
                           if P.queue_level(q, self.default_level) == "all"),
             "time": time.time(),
         }
+
+    def _settle_held(self) -> str | None:
+        short = self.primary.settle_shortfall() if self.primary is not None else None
+        if short is None:
+            return None
+        return f"{short[0]} of {short[1]} required backups ready (--ha-min-ready-backups)"
 
     def op_status(self, req: Request) -> Response:
         return Response(200, "OK", self.status())

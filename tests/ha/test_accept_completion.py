@@ -12,21 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from proton import Delivery, Link, Message, Timeout
-from proton.reactor import LinkOption
+from proton import Delivery, Message, Timeout
 
-from tests.support.amqp import connect, mgmt
+from tests.support.amqp import SettleSecond, connect, mgmt
 from tests.support.cluster import Cluster
 
 Make = Callable[..., Cluster]
 _names = itertools.count()
-
-
-class SettleSecond(LinkOption):  # type: ignore[misc]
-    """Receiver-settle-mode second: the consumer waits for the broker's settlement of its outcome."""
-
-    def apply(self, link: Any) -> None:
-        link.rcv_settle_mode = Link.RCV_SECOND
 
 
 def _accept_without_settling(conn: Any, queue: str, n: int) -> list[Any]:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from proton import Delivery, Message, Timeout
-from proton.reactor import Copy, DynamicNodeProperties
+from proton import Delivery, Link, Message, Timeout
+from proton.reactor import Copy, DynamicNodeProperties, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
 from broker.client import ManagementClient
+
+
+class SettleSecond(LinkOption):  # type: ignore[misc]
+    """Receiver-settle-mode second: the consumer waits for the broker's settlement of its outcome (the broker
+    settles an accept once it took effect: on a replicated queue, once the backups have the dequeue)."""
+
+    def apply(self, link: Any) -> None:
+        link.rcv_settle_mode = Link.RCV_SECOND
 
 
 def connect(url: str, timeout: float = 10.0, **kw: Any) -> BlockingConnection:
