@@ -133,6 +133,7 @@ FIELDS: Final = _fields(
     Field("from_state", S, "the state left (null on the first `ha.state` of a process)", nullable=True),
     Field("ha_cluster", B, "started with `--ha-cluster`"),
     Field("handler", S, "the class of the event handler that failed"),
+    Field("held_seconds", F, "how long settlements were held"),
     Field("key", S, "a binding key", nullable=True),
     Field("kind", S, "`client`, `admin` or `ha`"),
     Field("lag_ms", F, "`(ack_ts - enqueue_ts) * 1000`"),
@@ -163,7 +164,9 @@ FIELDS: Final = _fields(
     Field("queues", N, "queues recovered"),
     Field("reason", S, "why"),
     Field("refused", N, "messages refused (`amqp:resource-limit-exceeded`)"),
+    Field("ready", N, "backups ready now"),
     Field("released", N, "guarded messages released"),
+    Field("required", N, "backups that must be ready (`--ha-min-ready-backups`)"),
     Field("remote", S, "the peer's `host:port`"),
     Field("role", S, "`primary`, `backup` or `standalone`"),
     Field("rule", N, "the number of the `--acl-file` rule that decided (1: the first `[[rule]]`); null: none "
