@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -156,11 +156,14 @@ class Primary:
         if self.backups.get(b.name) is not b:
             return
         del self.backups[b.name]
+        accepts: list[AcceptCompletion] = []  # consumer accepts that waited for its dequeue acknowledgements
         for s in b.senders.values():
             s.closed = True
             self.to_run.discard(s)
-        released = self.guards.drop_backup(b.name)
-        log.warning("ha.backup.lost", backup=b.name, address=b.address, reason=reason, released=len(released))
+            accepts += s.dq_waits.drop()
+        guarded = self.guards.drop_backup(b.name)
+        log.warning("ha.backup.lost", backup=b.name, address=b.address, reason=reason, released=len(guarded))
+        released: list[Completion | AcceptCompletion] = [*guarded, *accepts]
         self.update_membership()  # journals the list without it (HaNode.set_membership)
         coordinated = self.node.coordinated
         store = self.server.store
@@ -477,7 +480,7 @@ class Primary:
         }
 
 
-def _release_all(completions: list[Completion]) -> None:
+def _release_all(completions: Sequence[Completion | AcceptCompletion]) -> None:
     for c in completions:
         c.release()
 

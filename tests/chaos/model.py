@@ -4,7 +4,11 @@ A run is a list of `Fault`s drawn from `MIX` by a seeded `random.Random`, so a s
 checker compares what publishers attempted and saw confirmed with what consumers accepted:
 
 - **lost**: confirmed to a publisher, never delivered;
-- **duplicated**: delivered more than once (by message-id);
+- **duplicated**: delivered more than once (by message-id) — with the consumer's history of deliveries and
+  confirmed accepts (receiver-settle-mode second: the broker settled its accept), only what a consumer must never
+  see: a delivery after that id's accept was confirmed, or a second confirmed accept of it;
+- **redelivered**: (with a history) delivered again after accepts that were never confirmed (the consumer's
+  connection failed first) — allowed, at-least-once;
 - **unexpected**: delivered but never attempted;
 - **recovered**: attempted but not confirmed (the publisher saw a failure), and delivered anyway — allowed: the
   publisher resent it, and duplicate detection keeps it once.
@@ -82,9 +86,10 @@ class Verdict:
     confirmed: int
     delivered: int
     lost: list[str] = field(default_factory=list)
-    duplicated: dict[str, int] = field(default_factory=dict)  # id -> times delivered
+    duplicated: dict[str, int] = field(default_factory=dict)  # id -> deliveries too many
     unexpected: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
+    redelivered: dict[str, int] = field(default_factory=dict)  # id -> allowed extra deliveries (accept unconfirmed)
 
     @property
     def ok(self) -> bool:
@@ -92,25 +97,60 @@ class Verdict:
 
     def summary(self) -> dict[str, int]:
         return {"attempted": self.attempted, "confirmed": self.confirmed, "delivered": self.delivered,
-                "lost": len(self.lost), "duplicated": sum(v - 1 for v in self.duplicated.values()),
-                "unexpected": len(self.unexpected), "recovered": len(self.recovered)}
+                "lost": len(self.lost), "duplicated": sum(self.duplicated.values()),
+                "unexpected": len(self.unexpected), "recovered": len(self.recovered),
+                "redelivered": sum(self.redelivered.values())}
 
 
-def check(attempted: Iterable[str], confirmed: Iterable[str], delivered: Iterable[str]) -> Verdict:
+DELIVERED = "d"
+ACCEPT_CONFIRMED = "c"
+
+
+def check(attempted: Iterable[str], confirmed: Iterable[str], delivered: Iterable[str],
+          history: Iterable[tuple[str, str]] | None = None) -> Verdict:
     """The verdict over message-ids: `attempted` (every id a publisher sent at least once), `confirmed` (those it
-    saw accepted), `delivered` (every id consumers accepted, once per delivery)."""
+    saw accepted), `delivered` (every id consumers accepted, once per delivery); `history`: the consumers' events
+    in order, (DELIVERED, id) and (ACCEPT_CONFIRMED, id), which tells allowed redeliveries from duplicates."""
     tried = set(attempted)
     ok = set(confirmed)
     if not ok <= tried:
         raise ValueError(f"confirmed but never attempted: {sorted(ok - tried)[:5]}")
     times = Counter(delivered)
+    extra = {k: v - 1 for k, v in sorted(times.items()) if v > 1}
+    duplicated, redelivered = (extra, {}) if history is None else _duplicates(history, extra)
     return Verdict(
         attempted=len(tried), confirmed=len(ok), delivered=sum(times.values()),
         lost=sorted(ok - times.keys()),
-        duplicated={k: v for k, v in sorted(times.items()) if v > 1},
+        duplicated=duplicated,
         unexpected=sorted(times.keys() - tried),
         recovered=sorted((tried - ok) & times.keys()),
+        redelivered=redelivered,
     )
+
+
+def _duplicates(history: Iterable[tuple[str, str]], extra: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """(duplicated, redelivered): a delivery after the id's accept was confirmed is a duplicate, and so is a
+    confirmed accept of an id whose accept was confirmed before (counted once per delivery); every other extra
+    delivery had only unconfirmed accepts before it."""
+    settled: set[str] = set()
+    counted: Counter[str] = Counter()  # duplicate deliveries already counted whose accept may still be confirmed
+    dup: Counter[str] = Counter()
+    for kind, i in history:
+        if kind == DELIVERED:
+            if i in settled:
+                dup[i] += 1
+                counted[i] += 1
+        elif kind == ACCEPT_CONFIRMED:
+            if i in settled:
+                if counted[i]:
+                    counted[i] -= 1
+                else:
+                    dup[i] += 1
+            settled.add(i)
+        else:
+            raise ValueError(f"unknown history event {kind!r}")
+    allowed = {k: n - dup.get(k, 0) for k, n in extra.items() if n > dup.get(k, 0)}
+    return dict(sorted(dup.items())), allowed
 
 
 def percentile(values: Sequence[float], q: float) -> float:

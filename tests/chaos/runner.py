@@ -96,7 +96,8 @@ class Run:
             self.flagged = self.workdir / "redelivered.txt"
             consumer = spawn("receive", c.urls, QUEUE, received, "--idle", "600", "--patience", "600",
                              "--redelivered-out", str(self.flagged),
-                             "--times-out", str(self.workdir / "received-times.txt"))
+                             "--times-out", str(self.workdir / "received-times.txt"),
+                             "--history-out", str(self.workdir / "history.txt"))
             self.children = [*senders, consumer]
             try:
                 self._confirming(time.monotonic(), "load start")
@@ -128,7 +129,10 @@ class Run:
     def _cluster(self, factory: BrokerFactory, zk: ZooKeeperServer) -> Cluster:
         chroot = f"/chaos-{self.seed}"
         c = Cluster(factory, 3, ["--ha-coordinator", "zookeeper", "--zk-hosts", "PROXY", "--zk-path", chroot,
-                                 "--zk-session-timeout", str(self.session)], heartbeat=0.5)
+                                 "--zk-session-timeout", str(self.session),
+                                 # never settle alone: a primary that lost its backups (e.g. stopped, then
+                                 # resumed after the others moved on) must not confirm what they will not have
+                                 "--ha-min-ready-backups", "1"], heartbeat=0.5)
         for b in c.brokers:
             proxy = TcpProxy(zk.port)
             self.proxies.append(proxy)
@@ -294,7 +298,9 @@ class Run:
             confirmed += [str(n) for n in got]
             top = max(got, default=first - 1)
             attempted += [str(n) for n in range(first, top + 2)]  # in order; the next was in flight at the end
-        return check(attempted, confirmed, [str(n) for n in numbers(received)])
+        history_file = self.workdir / "history.txt"
+        history = [(k, n) for k, n in (line.split() for line in history_file.read_text().splitlines())]
+        return check(attempted, confirmed, [str(n) for n in numbers(received)], history)
 
     def _report(self, v: Verdict, seconds: float) -> dict[str, Any]:
         counts: dict[str, int] = defaultdict(int)
@@ -307,6 +313,7 @@ class Run:
             # duplicates whose second delivery said so (delivery-count > 0): a consumer can tell them
             "duplicated_flagged": len(v.duplicated.keys() & {str(n) for n in numbers(self.flagged)}),
             "lost": v.lost[:50], "duplicated": dict(list(v.duplicated.items())[:50]), "unexpected": v.unexpected[:50],
+            "redelivered": dict(list(v.redelivered.items())[:50]),
             "confirming_after": recovery_table(self.recovery), "whole_after": recovery_table(self.whole),
             "log": self.done,
         }
@@ -320,10 +327,11 @@ def markdown(report: dict[str, Any]) -> Iterator[str]:
         yield (f"{report['primary_restarted_to_recover']} killed primaries had to be restarted before the cluster "
                "recovered (no backup was ready with them: they had dropped their backups and settled alone)")
     yield ""
-    yield "| attempted | confirmed | delivered | lost | duplicated | unexpected | recovered |"
-    yield "|---|---|---|---|---|---|---|"
+    yield "| attempted | confirmed | delivered | lost | duplicated | redelivered (accept unconfirmed) | unexpected | recovered |"
+    yield "|---|---|---|---|---|---|---|---|"
     yield (f"| {v['attempted']} | {v['confirmed']} | {v['delivered']} | {v['lost']} | {v['duplicated']} "
-           f"({report['duplicated_flagged']} flagged redelivered) | {v['unexpected']} | {v['recovered']} |")
+           f"({report['duplicated_flagged']} flagged redelivered) | {v.get('redelivered', 0)} | {v['unexpected']} "
+           f"| {v['recovered']} |")
     yield ""
     yield "| fault | count | confirming again p50 / p99 (s) | cluster whole p50 / p99 (s) |"
     yield "|---|---|---|---|"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.model import Kind, check, schedule
+from tests.chaos.model import ACCEPT_CONFIRMED, DELIVERED, Kind, check, schedule
 from tests.chaos.runner import Run, markdown
 
 pytestmark = pytest.mark.zookeeper
@@ -26,31 +26,47 @@ def run(tmp_path: Path, faults: int) -> dict[str, object]:
     return report
 
 
-def assert_nothing_lost(report: dict[str, object]) -> None:
+def assert_exactly_once(report: dict[str, object]) -> None:
     v = report["verdict"]
     assert isinstance(v, dict)
     seed = report["seed"]
     assert v["lost"] == 0, f"seed {seed}: confirmed messages lost: {report['lost']}"
     assert v["unexpected"] == 0, f"seed {seed}: messages nobody sent: {report['unexpected']}"
+    assert v["duplicated"] == 0, f"seed {seed}: delivered again after an accept was confirmed: {report['duplicated']}"
     assert v["confirmed"] > 0
 
 
-def test_a_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
-    assert_nothing_lost(run(tmp_path, 30))
+def test_a_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    assert_exactly_once(run(tmp_path, 30))
 
 
 @pytest.mark.soak
-def test_a_thousand_faults_lose_nothing(tmp_path: Path) -> None:
-    assert_nothing_lost(run(tmp_path, 1000))
+def test_a_thousand_faults_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    assert_exactly_once(run(tmp_path, 1000))
 
 
 def test_the_checker_names_each_kind_of_anomaly() -> None:
     v = check(attempted=["1", "2", "3", "4"], confirmed=["1", "2", "3"], delivered=["1", "1", "3", "4", "9"])
-    assert v.lost == ["2"] and v.duplicated == {"1": 2} and v.unexpected == ["9"] and v.recovered == ["4"]
+    assert v.lost == ["2"] and v.duplicated == {"1": 1} and v.unexpected == ["9"] and v.recovered == ["4"]
     assert v.summary() == {"attempted": 4, "confirmed": 3, "delivered": 5, "lost": 1, "duplicated": 1,
-                           "unexpected": 1, "recovered": 1}
+                           "unexpected": 1, "recovered": 1, "redelivered": 0}
     assert not v.ok
     assert check(["1"], ["1"], ["1"]).ok
+
+
+def test_with_a_history_only_what_follows_a_confirmed_accept_is_a_duplicate() -> None:
+    d, c = DELIVERED, ACCEPT_CONFIRMED
+    ids = ["1", "2", "3", "4"]
+    # 1: redelivered after an accept that was never confirmed (allowed); 2: delivered again after its accept was
+    # confirmed; 3: two copies both delivered before either accept was confirmed, both confirmed; 4: once.
+    history = [(d, "1"), (d, "1"), (c, "1"), (d, "2"), (c, "2"), (d, "2"), (c, "2"),
+               (d, "3"), (d, "3"), (c, "3"), (c, "3"), (d, "4"), (c, "4")]
+    v = check(ids, ids, [i for k, i in history if k == d], history)
+    assert v.duplicated == {"2": 1, "3": 1} and v.redelivered == {"1": 1}
+    assert v.summary()["duplicated"] == 2 and v.summary()["redelivered"] == 1
+    assert not v.ok
+    fine = [(d, "1"), (d, "1"), (c, "1")]
+    assert check(["1"], ["1"], ["1", "1"], fine).ok
 
 
 def test_a_seed_names_the_schedule() -> None:

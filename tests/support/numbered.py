@@ -4,7 +4,8 @@
     python -m tests.support.numbered receive --urls A,B,C --queue Q --out received.txt [--idle 30]
 
 The sender writes each number once the broker settled it as accepted (one per line); after a failure it resends the
-numbers that were not confirmed. The receiver writes each number it accepted. Both reconnect with a short backoff,
+numbers that were not confirmed. The receiver writes each number it accepted (and, with --history-out, which of
+its accepts the broker confirmed). Both reconnect with a short backoff,
 trying every URL in turn (a backup refuses clients, so only the primary takes them).
 """
 
@@ -15,9 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, TextIO
 
-from proton import Message
+from proton import Delivery, Message
 from proton.utils import BlockingConnection
+
+from tests.support.amqp import SettleSecond
 
 
 def connect(urls: list[str], deadline: float) -> BlockingConnection:
@@ -62,25 +66,29 @@ def send(urls: list[str], queue: str, count: int, out: str, pause: float, first:
 
 
 def receive(urls: list[str], queue: str, out: str, idle: float, until: int, patience: float = 180.0,
-            redelivered_out: str | None = None, times_out: str | None = None) -> int:
+            redelivered_out: str | None = None, times_out: str | None = None, history_out: str | None = None) -> int:
     """Gives up when it cannot reconnect for `patience` seconds; with `redelivered_out`, the numbers that came
     flagged as possible duplicates (delivery-count > 0) are also written there; with `times_out`, each number with
-    the wall-clock time it was received."""
+    the wall-clock time it was received. With `history_out` it consumes in receiver-settle-mode second and writes
+    there, in order, "d N" for each delivery and "c N" once the broker confirmed (settled) the accept of N."""
     deadline = time.monotonic() + patience
     got = 0
     flagged = open(redelivered_out, "a", buffering=1) if redelivered_out else None  # noqa: SIM115
     stamps = open(times_out, "a", buffering=1) if times_out else None  # noqa: SIM115
+    history = open(history_out, "a", buffering=1) if history_out else None  # noqa: SIM115
     with open(out, "a", buffering=1) as f:
         last = time.monotonic()
         while time.monotonic() - last < idle and (until <= 0 or got < until):
+            waiting: list[tuple[object, Any]] = []  # (number, delivery): accepted, not yet confirmed
             try:
                 c = connect(urls, deadline)
-                r = c.create_receiver(queue, credit=10)
+                r = c.create_receiver(queue, credit=10, options=SettleSecond() if history else None)
                 while time.monotonic() - last < idle and (until <= 0 or got < until):
                     try:
                         m = r.receive(timeout=0.5)
                     except Exception as e:
                         if "Timeout" in type(e).__name__:
+                            waiting = _confirmed(waiting, history)
                             continue
                         raise
                     f.write(f"{m.body}\n")
@@ -88,7 +96,14 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int, pati
                         stamps.write(f"{m.body} {time.time():.3f}\n")
                     if flagged is not None and m.delivery_count:
                         flagged.write(f"{m.body}\n")
-                    r.accept()
+                    if history is not None:
+                        history.write(f"d {m.body}\n")
+                        d = r.fetcher.unsettled.popleft()
+                        d.update(Delivery.ACCEPTED)  # settled by the broker once it took effect
+                        waiting.append((m.body, d))
+                        waiting = _confirmed(waiting, history)
+                    else:
+                        r.accept()
                     got += 1
                     last = time.monotonic()
                     deadline = last + patience
@@ -97,10 +112,23 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int, pati
                 print(f"receiver: {type(e).__name__}: {e}; failing over", file=sys.stderr, flush=True)
                 if time.monotonic() > deadline:
                     return 1
-    for extra in (flagged, stamps):
+    for extra in (flagged, stamps, history):
         if extra is not None:
             extra.close()
     return 0
+
+
+def _confirmed(waiting: list[tuple[object, Any]], history: TextIO | None) -> list[tuple[object, Any]]:
+    """Write "c N" for each accept the broker settled (and settle it here too); the rest still wait."""
+    rest = []
+    for n, d in waiting:
+        if d.settled:  # the broker settled it
+            d.settle()
+            if history is not None:
+                history.write(f"c {n}\n")
+        else:
+            rest.append((n, d))
+    return rest
 
 
 def spawn(mode: str, urls: list[str], queue: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -129,6 +157,8 @@ def main() -> int:
     ap.add_argument("--until", type=int, default=0)
     ap.add_argument("--times-out", help="receiver: also write 'number time' of each delivery here")
     ap.add_argument("--redelivered-out", help="receiver: also write here the numbers flagged as redelivered")
+    ap.add_argument("--history-out", help="receiver: consume in receiver-settle-mode second and write here "
+                                          "'d N' per delivery and 'c N' per accept the broker confirmed")
     ap.add_argument("--id-prefix", help="sender: message-id PREFIX+number on each message")
     ap.add_argument("--timeout", type=float, default=10.0, help="sender: seconds to wait for one settlement")
     ap.add_argument("--patience", type=float, default=120.0, help="seconds without progress before giving up")
@@ -136,7 +166,8 @@ def main() -> int:
     urls = a.urls.split(",")
     if a.mode == "send":
         return send(urls, a.queue, a.count, a.out, a.pause, a.first, a.patience, a.id_prefix, a.timeout)
-    return receive(urls, a.queue, a.out, a.idle, a.until, a.patience, a.redelivered_out, a.times_out)
+    return receive(urls, a.queue, a.out, a.idle, a.until, a.patience, a.redelivered_out, a.times_out,
+                   a.history_out)
 
 
 if __name__ == "__main__":
