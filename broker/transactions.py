@@ -144,6 +144,8 @@ class Transactions:
             address = pub.address or current_to()
             if not address:
                 raise NoRoute("amqp:precondition-failed", "anonymous relay needs a 'to' address on each message")
+            if pub.address is None and self.server.access.acl is not None:
+                self.server.access.relay(pub, address)  # as a plain relay transfer (broker.router)
             self._targets(address)
         except MessageRefused as e:
             pub.unsettled += 1

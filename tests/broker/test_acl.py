@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Delivery, Message
+from proton import Delivery, Message, Timeout
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from broker.admin_socket import request as socket_request
 from broker.client import ManagementClient
 from tests.broker.helpers import outcome, send_raw
 from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
+from tests.support.txn import Txn
 
 DENIED = "amqp:unauthorized-access"
 
@@ -243,6 +244,29 @@ def test_anonymous_relay_checks_each_address(guarded: BrokerProcess) -> None:
     finally:
         c.close()
     assert len(denials(guarded, user="bob", via="relay", name="keep.1")) == 2  # once per link and address
+
+
+def test_a_transactional_send_on_the_anonymous_relay_is_checked_too(guarded: BrokerProcess) -> None:
+    c = login(guarded.url, "bob")
+    try:
+        s = c.create_sender(None)
+        txn = Txn(c)
+        d = txn.send(s, Message(body="nope", address="keep.1"))
+        assert d.remote_state == Delivery.REJECTED and d.remote.condition.name == DENIED, d.remote.condition
+        assert "may not publish queue 'keep.1'" in d.remote.condition.description
+        d = txn.send(s, Message(body="relayed in a transaction", address="orders"))
+        assert d.remote_state == 0x34  # held in the transaction
+        assert txn.commit() == "committed"  # the refused message was never part of it
+    finally:
+        c.close()
+    assert len(denials(guarded, user="bob", via="relay", name="keep.1")) >= 1
+    c = login(guarded.url, "alice")
+    try:
+        r = c.create_receiver("keep.1", credit=1)
+        with pytest.raises(Timeout):
+            r.receive(0.5)
+    finally:
+        c.close()
 
 
 def test_anonymous_login_gets_nothing_by_default(guarded: BrokerProcess) -> None:
