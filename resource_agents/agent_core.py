@@ -506,7 +506,10 @@ def decide_restart(standings: Iterable[Standing], expected: int, waited_out: boo
     epoch = max((s.epoch for s in reported.values()), default=0) + 1
     everyone = len(reported) >= expected
     newest, allowed = newest_view(reported.values())
-    if reported and newest is None and all(s.ready_epoch == 0 for s in reported.values()):
+    # Brand new: nobody was ever primary or ready, and no list counts or nothing at all is stored (a backup may hold
+    # the first list of a primary that lost its journal before it synced anything, so confirmed nothing).
+    if reported and all(s.ready_epoch == 0 for s in reported.values()) and (
+            newest is None or all(s.position == 0 for s in reported.values())):
         if everyone:
             return RestartDecision(RestartAction.NEW_CLUSTER, RestartReason.NEW_CLUSTER, epoch=epoch)
         return RestartDecision(RestartAction.WAIT, RestartReason.WAITING_FOR_MEMBERS, epoch=epoch)

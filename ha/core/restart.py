@@ -20,9 +20,9 @@ When every broker went down at once and they come back (each with its journal, a
    broker that never returns might be the primary that dropped someone after the views we see.
 4. If no broker the newest view names is up (or its journal is older than the view), nothing is promoted
    automatically: an operator decides (`ha-admin promote --force`), and the decision says why.
-5. A brand-new cluster (no broker was ever primary or ready, none holds a list that counts) is the caller's
-   bootstrap rule (promote any of them; nothing was confirmed), once every configured broker reported: a broker
-   that has not may hold a store (a fresh disk must not win over it).
+5. A brand-new cluster (no broker was ever primary or ready, and none holds a list that counts or any message) is
+   the caller's bootstrap rule (promote any of them; nothing was confirmed), once every configured broker
+   reported: a broker that has not may hold a store (a fresh disk must not win over it).
 
 Pure and standard library only. The Pacemaker agent carries a copy (resource_agents/agent_core.py, it runs outside
 the project's virtualenv); tests/unit/test_restart_agent_copy.py checks that both decide alike.
@@ -191,7 +191,10 @@ def decide_restart(standings: Iterable[Standing], expected: int, waited_out: boo
     epoch = max((s.epoch for s in reported.values()), default=0) + 1
     everyone = len(reported) >= expected
     newest, allowed = newest_view(reported.values())
-    if reported and newest is None and all(s.ready_epoch == 0 for s in reported.values()):
+    # Brand new: nobody was ever primary or ready, and no list counts or nothing at all is stored (a backup may hold
+    # the first list of a primary that lost its journal before it synced anything, so confirmed nothing).
+    if reported and all(s.ready_epoch == 0 for s in reported.values()) and (
+            newest is None or all(s.position == 0 for s in reported.values())):
         if everyone:
             return RestartDecision(RestartAction.NEW_CLUSTER, RestartReason.NEW_CLUSTER, epoch=epoch)
         return RestartDecision(RestartAction.WAIT, RestartReason.WAITING_FOR_MEMBERS, epoch=epoch)

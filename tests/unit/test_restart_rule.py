@@ -101,6 +101,14 @@ def test_when_every_broker_the_newest_list_names_lost_its_store_an_operator_deci
     assert "acknowledged messages may be lost" in d.describe()
 
 
+def test_a_list_only_a_never_ready_backup_kept_with_nothing_stored_anywhere_is_a_new_cluster() -> None:
+    # b1 became primary and sent its first list (b3 ready) to b2, then all crashed before b1 or b3 synced anything:
+    # nothing was confirmed, nothing is stored (found by the hypothesis test below)
+    standings = [Standing("b1", 0, 0), Standing("b2", 1, 0, 0, view(1, 2, "b1", "b3")), Standing("b3", 0, 0)]
+    assert decide_restart(standings, expected=3).action is RestartAction.NEW_CLUSTER
+    assert decide_restart(standings[:2], expected=3).action is RestartAction.WAIT
+
+
 def test_after_the_wait_it_decides_without_a_broker_the_newest_list_does_not_name() -> None:
     standings = [Standing("b1", 3, 40, 3, view(3, 4, "b1", "b2")), Standing("b2", 3, 41, 3, view(3, 4, "b1", "b2"))]
     assert decide_restart(standings, expected=3).action is RestartAction.WAIT
