@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
-    from broker.links import AcceptCompletion, Completion, LinkHandler
+    from broker.links import AcceptToken, Completion, LinkHandler
     from broker.management import Request, Response
     from broker.queue import Entry, Queue
     from broker.server import Server
@@ -63,9 +63,11 @@ class Extension:
         `completion.release()` exactly once later)."""
         return False
 
-    def hold_accept(self, token: AcceptCompletion, queue: Queue) -> bool:
+    def hold_accept(self, token: AcceptToken, queue: Queue) -> bool:
         """A consumer that waits for the broker's settlement (receiver-settle-mode second) accepted a message of
-        `queue`, already dequeued. Return True to hold the answer (then call `token.release()` exactly once later)."""
+        `queue`, already dequeued (an `AcceptCompletion`), or a committed transaction dequeued messages of `queue`
+        (the discharge's `Completion`). Return True to hold the answer (then call `token.release()` exactly once
+        later)."""
         return False
 
     def may_settle(self) -> bool:

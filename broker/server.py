@@ -27,7 +27,15 @@ from broker.config import BrokerConfig
 from broker.connections import Connections, ConnectionState
 from broker.engine import Engine
 from broker.extension import Extension
-from broker.links import AcceptCompletion, Completion, ConsumerLink, EventsLink, LinkHandler, PublisherLink
+from broker.links import (
+    AcceptCompletion,
+    AcceptToken,
+    Completion,
+    ConsumerLink,
+    EventsLink,
+    LinkHandler,
+    PublisherLink,
+)
 from broker.log import fast, get_logger
 from broker.management import Management, Request, Response
 from broker.memory import MemoryBound
@@ -326,8 +334,9 @@ class Server:
             if not did:
                 return
 
-    def hold_accept(self, token: AcceptCompletion, queue: Queue) -> bool:
-        """A consumer waiting for our settlement accepted a message of `queue`: may an extension hold the answer?"""
+    def hold_accept(self, token: AcceptToken, queue: Queue) -> bool:
+        """A consumer waiting for our settlement accepted a message of `queue`, or a commit dequeued messages of
+        `queue`: may an extension hold the answer?"""
         held = False
         for ext in self.extensions:
             if ext.hold_accept(token, queue):
@@ -351,6 +360,8 @@ class Server:
         n = 0
         publishers = set()
         for c in batch:
+            if c.keys is not None or c.followers is not None:
+                self._answered(c)
             pub = c.publisher
             if pub.closed:
                 continue
@@ -372,6 +383,19 @@ class Server:
                 self._settled_as = role_epoch
             self._settled_count += n
             self._settled_last = now
+
+    def _answered(self, c: Completion) -> None:
+        """A windowed message is answered: forget it, and answer the resends that waited for it the same way."""
+        if c.keys is not None:
+            unconfirmed = self.router.unconfirmed
+            for k in c.keys:
+                if unconfirmed.get(k) is c:
+                    del unconfirmed[k]
+        for f in c.followers or ():
+            if c.error is not None:
+                f.fail(*c.error)
+            else:
+                f.release()
 
     def _flush_settled_log(self, force: bool = False) -> None:
         if self._settled_count:

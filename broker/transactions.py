@@ -18,7 +18,10 @@ route and room is checked (queue limits counted for the whole transaction, the j
 refusals): a commit is applied whole or refused whole (`amqp:transaction:rollback`, and the transaction is rolled
 back). The discharge is then held like one client transfer that routed to all of the transaction's messages: it is
 settled once the durable store has journaled the durable ones and every ready backup has acknowledged them
-(broker.extension `hold`), so a commit the client saw settle survives a failover.
+(broker.extension `hold`), and like a consumer's accept (receiver-settle-mode second) on each queue whose messages
+its accepts and rejects dequeued: once every backup receiving that queue's dequeues acknowledged them
+(broker.extension `hold_accept`). A commit the client saw settle survives a failover: its messages are there and
+the messages it accepted are gone.
 
 Roll back (asked, or the coordinator link, its session or connection ended with the transaction open) drops the
 held messages and releases the messages it had taken, as a failed delivery (delivery-count + 1, redelivered).
@@ -202,7 +205,7 @@ class Transactions:
             self.server.wake(coordinator)
             return
         try:
-            routed = self.commit(txn)
+            routed, dequeued = self.commit(txn)
         except MessageRefused as e:
             self.rollback(txn, "commit_failed")
             log.warning("transaction.commit_failed", connection=txn.conn.id, condition=e.condition,
@@ -214,21 +217,27 @@ class Transactions:
             for ext in self.server.extensions:
                 if ext.hold(c, routed):
                     c.pending += 1
+        for q in dequeued:  # and like a consumer's accept on each queue whose messages it dequeued
+            c.pending += 1
+            if not self.server.hold_accept(c, q):
+                c.pending -= 1
         c.release()
 
-    def commit(self, txn: Transaction) -> list[tuple[Queue, Entry]]:
+    def commit(self, txn: Transaction) -> tuple[list[tuple[Queue, Entry]], list[Queue]]:
         """Apply the transaction whole (raises MessageRefused, having applied nothing). Returns where its messages
-        were enqueued."""
+        were enqueued and the queues whose messages its accepts and rejects dequeued."""
         self._check(txn)
         self._end(txn)
         router = self.server.router
         routed: list[tuple[Queue, Entry]] = []
         for address, data in txn.messages:
             routed += router.enqueue_committed(address, data)
+        dequeued: dict[Queue, None] = {}  # in order, once each
         for t in txn.taken:
             q, e = t.queue, t.entry
             if q.entries.get(e.position) is not e or e.state != ACQUIRED:
                 continue  # the queue was purged or deleted meanwhile
+            dequeued[q] = None
             if t.outcome == ACCEPTED:
                 q.dequeue(e, DequeueReason.ACCEPTED)
             else:
@@ -237,7 +246,7 @@ class Transactions:
                 self.server.dead_letter(q, data)
         self.committed += 1
         log.debug("transaction.committed", connection=txn.conn.id, messages=len(txn.messages), count=len(txn.taken))
-        return routed
+        return routed, list(dequeued)
 
     def _check(self, txn: Transaction) -> None:
         """Raise MessageRefused unless every held message can be enqueued now (room counted for all of them)."""

@@ -17,7 +17,7 @@ from broker.config import BrokerConfig, ConfigError, Coordinator, flag_name, loa
 from broker.connections import ConnectionState
 from broker.errors import Refusal
 from broker.extension import Extension
-from broker.links import AcceptCompletion, Completion, LinkHandler
+from broker.links import AcceptToken, Completion, LinkHandler
 from broker.log import get_logger
 from broker.management import Request, Response, install_operations
 from broker.message import properties_of
@@ -91,7 +91,7 @@ class HaNode(Extension):
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
         return self.primary is not None and self.primary.hold(completion, routed)
 
-    def hold_accept(self, token: AcceptCompletion, queue: Queue) -> bool:
+    def hold_accept(self, token: AcceptToken, queue: Queue) -> bool:
         return self.primary is not None and self.primary.hold_accept(token, queue)
 
     def may_settle(self) -> bool:

@@ -22,7 +22,7 @@ from proton import Message
 
 from broker.connections import ConnectionState
 from broker.errors import LinkError, Refusal
-from broker.links import AcceptCompletion, Completion, LinkHandler
+from broker.links import AcceptToken, Completion, LinkHandler
 from broker.log import fast, get_logger
 from broker.queue import Entry, Queue
 from broker.server import Server
@@ -156,14 +156,14 @@ class Primary:
         if self.backups.get(b.name) is not b:
             return
         del self.backups[b.name]
-        accepts: list[AcceptCompletion] = []  # consumer accepts that waited for its dequeue acknowledgements
+        accepts: list[AcceptToken] = []  # consumer accepts that waited for its dequeue acknowledgements
         for s in b.senders.values():
             s.closed = True
             self.to_run.discard(s)
             accepts += s.dq_waits.drop()
         guarded = self.guards.drop_backup(b.name)
         log.warning("ha.backup.lost", backup=b.name, address=b.address, reason=reason, released=len(guarded))
-        released: list[Completion | AcceptCompletion] = [*guarded, *accepts]
+        released: list[AcceptToken] = [*guarded, *accepts]
         self.update_membership()  # journals the list without it (HaNode.set_membership)
         coordinated = self.node.coordinated
         store = self.server.store
@@ -349,7 +349,7 @@ class Primary:
                 return ready, need
         return None
 
-    def hold_accept(self, token: AcceptCompletion, q: Queue) -> bool:
+    def hold_accept(self, token: AcceptToken, q: Queue) -> bool:
         """A consumer's accept on a replicated queue is answered once the backups that receive its dequeues
         acknowledged them (and the journal has it): see ha.core.accepts."""
         if not self.backups or not self.replicated(q):
@@ -480,7 +480,7 @@ class Primary:
         }
 
 
-def _release_all(completions: Sequence[Completion | AcceptCompletion]) -> None:
+def _release_all(completions: Sequence[AcceptToken]) -> None:
     for c in completions:
         c.release()
 

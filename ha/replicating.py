@@ -18,7 +18,7 @@ from proton import Message
 
 from broker.connections import ConnectionState
 from broker.engine import raw
-from broker.links import AcceptCompletion, Completion, LinkHandler
+from broker.links import AcceptToken, Completion, LinkHandler
 from broker.log import get_logger
 from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReason, Entry, Queue
 from ha import protocol as P
@@ -63,7 +63,7 @@ class QueueWatch:
         self.held_bytes = 0
         self.taken: list[int] = []  # positions acquired by consumers in this pass
         self.returned: list[tuple[int, int, int, int]] = []  # released: (len(taken) then, position, flags, count)
-        self.accepts: list[AcceptCompletion] = []  # consumer accepts of this pass answered once dequeues are replicated
+        self.accepts: list[AcceptToken] = []  # consumer accepts of this pass answered once dequeues are replicated
         self.scheduled = False
 
     def hold(self, position: int, completion: Completion, nbytes: int) -> None:
@@ -74,7 +74,7 @@ class QueueWatch:
             self.scheduled = True
             self.primary.changed.append(self)
 
-    def hold_accept(self, token: AcceptCompletion) -> None:
+    def hold_accept(self, token: AcceptToken) -> None:
         """A consumer's accept of a message this pass dequeued: answered once the backups have the dequeue."""
         self.accepts.append(token)
         if not self.scheduled:
@@ -139,7 +139,7 @@ class QueueWatch:
             for c in p.guards.dequeued(self.queue, gone):
                 c.release()
         ops = self._state_ops() if self.taken or self.returned else None
-        group: AcceptGroup[AcceptCompletion] | None = None
+        group: AcceptGroup[AcceptToken] | None = None
         if self.accepts:
             group = AcceptGroup(self.accepts)
             self.accepts = []
@@ -186,7 +186,7 @@ class ReplicatingSender(LinkHandler):
         # The backup acknowledges the dequeues it applied (batch acknowledgements version 2): consumer accepts of
         # this queue wait for them (ha.core.accepts).
         self.dequeue_acks = batch and (link.remote_properties or {}).get(P.LINK_DEQUEUE_ACKS) == 1
-        self.dq_waits: DequeueWaits[AcceptCompletion] = DequeueWaits()
+        self.dq_waits: DequeueWaits[AcceptToken] = DequeueWaits()
         # Live messages sent and not acknowledged: (highest position, bytes) per batch (per message in the older
         # format); the backup applies in order, so an acknowledgement of p covers every entry up to p.
         self.inflight: deque[tuple[int, int]] = deque()
@@ -460,7 +460,7 @@ class ReplicatingSender(LinkHandler):
             del self.backup.senders[self.queue.name]
 
 
-def _answer(tokens: list[AcceptCompletion]) -> None:
+def _answer(tokens: list[AcceptToken]) -> None:
     for t in tokens:
         t.release()
 

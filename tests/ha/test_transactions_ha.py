@@ -1,8 +1,10 @@
-"""Transactions across a failover (docs/transactions.md): a commit the client saw settle is on the backup; a
-transaction the primary took down with it leaves nothing there. Real broker processes, SIGKILL of the primary."""
+"""Transactions across a failover (docs/transactions.md): a commit the client saw settle is on the backup, with the
+messages it accepted gone; a transaction the primary took down with it leaves nothing there. Real broker processes,
+SIGSTOP of the backup, SIGKILL of the primary."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 from proton import Message
@@ -62,3 +64,33 @@ def test_a_transaction_open_when_the_primary_dies_leaves_nothing_on_the_backup(c
     # the message the transaction had taken is back, marked as a possible duplicate
     assert [(first.body, first.delivery_count), second.body] == [("work", 1), "marker"]
     back.close()
+
+
+def test_a_commit_that_accepted_is_settled_once_the_backup_has_the_dequeue_and_never_delivers_it_again(
+        cluster: Make) -> None:
+    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
+    c.start_with_primary(0)
+    _queues(c[0].url, "txq")
+    send(c[0].url, "txq", list(range(6)), durable=True)
+    conn = connect(c[0].url)
+    r = conn.create_receiver("txq", credit=1)
+    txn = Txn(conn)
+    for i in range(2):
+        assert r.receive(5).body == i
+        txn.accept(r)
+    c[1].signal(signal.SIGSTOP)
+    try:
+        txn.start_commit()  # accepts only: nothing to enqueue, the discharge waits for the dequeues alone
+        assert txn.answered(1.5) is None, "the commit settled while the backup could not have its dequeues"
+    finally:
+        c[1].signal(signal.SIGCONT)
+    assert txn.answered(10.0) == "committed"
+    again = Txn(conn)
+    for i in range(2, 4):
+        assert r.receive(5).body == i
+        again.accept(r)
+    assert again.commit() == "committed"
+    c[0].kill()  # at once: what the client saw committed is dequeued on the backup
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    assert drain(c[1].url, "txq") == [4, 5]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proton import Delivery, Message
+from proton import Delivery, Message, Timeout
 from proton.handlers import TransactionHandler
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
@@ -68,6 +68,18 @@ class Txn:
     def commit(self) -> str:
         self.events.txn.commit()
         return self._result()
+
+    def start_commit(self) -> None:
+        """Send the discharge (commit) without waiting for its answer: see `answered`."""
+        self.events.txn.commit()
+
+    def answered(self, timeout: float) -> str | None:
+        """The outcome of a discharge sent, once the broker answered it within `timeout` seconds, else None."""
+        try:
+            self.conn.wait(lambda: self.events.result is not None, timeout=timeout, msg="discharge")
+        except Timeout:
+            return None
+        return self.events.result
 
     def abort(self) -> str:
         self.events.txn.abort()
