@@ -1,4 +1,5 @@
-"""`ha-broker`: command-line flags (or a TOML config file) -> a running broker.
+"""`ha-broker`: command-line flags (generated from broker.config.BrokerConfig), environment variables and a TOML
+config file -> a running broker.
 
 The command is built by `make_command(plugins)`: a plugin is called with the server before it starts, which is how
 the HA layer attaches itself without broker/ knowing about it.
@@ -23,7 +24,15 @@ from broker import acl as bacl
 from broker import log as blog
 from broker.admin_socket import AdminSocket, AdminSocketError
 from broker.auth import ANONYMOUS, SaslSetup, User, UsersFileError, load_users
-from broker.config import BrokerConfig, ConfigError, load_config
+from broker.config import (
+    ENV_PREFIX,
+    BrokerConfig,
+    ConfigError,
+    env_name,
+    env_near_misses,
+    flag_specs,
+    load_config,
+)
 from broker.metrics import MetricsError, MetricsServer
 from broker.server import Server
 from broker.store.records import JournalError
@@ -31,64 +40,29 @@ from broker.tls import TlsError, config_problems
 
 Plugin = Callable[[Server], None]
 
-_FLAGS: list[tuple[str, dict[str, Any]]] = [
-    ("--host", {"help": "address to listen on [127.0.0.1]"}),
-    ("--port", {"type": int, "help": "port to listen on (0 = any free port) [5672]"}),
-    ("--name", {"help": "broker id (default: generated once and kept in the data dir)"}),
-    ("--data-dir", {"type": click.Path(path_type=Path), "help": "directory for the broker id and state"}),
-    ("--log-file", {"type": click.Path(path_type=Path), "help": "JSON-lines event log (default stderr)"}),
-    ("--log-level", {"help": "debug|info|warning|error|critical [info]"}),
-    ("--pid-file", {"type": click.Path(path_type=Path), "help": "write the process id here"}),
-    ("--admin-socket", {"type": click.Path(path_type=Path), "help": "serve management on this Unix socket (0600)"}),
-    ("--auto-create-queues/--no-auto-create-queues", {"default": None, "help": "create queues on attach"}),
-    ("--journal/--no-journal", {"default": None, "help": "journal durable queues and messages under --data-dir [on]"}),
-    ("--journal-segment-bytes", {"type": int, "help": "size at which the journal starts a new segment [64 MiB]"}),
-    ("--max-memory", {"help": "memory queued messages may take (bytes, or 512M, 2G); beyond it durable queues page to "
-                              "disk and what cannot is refused [no bound]"}),
-    ("--max-message-size", {"type": int, "help": "largest accepted message in bytes [10 MiB]"}),
-    ("--sasl-mechanisms", {"help": "space or comma separated: ANONYMOUS PLAIN"}),
-    ("--users-file", {"type": click.Path(path_type=Path), "help": "TOML users file for PLAIN (see docs)"}),
-    ("--acl-file", {"type": click.Path(path_type=Path), "help": "TOML access rules; reloaded on SIGHUP (see "
-                                                               "docs/access-control.md) [everything allowed]"}),
-    ("--credit-window", {"type": int, "help": "credit given to each publisher link [500]"}),
-    ("--metrics-port", {"type": int, "help": "serve Prometheus metrics over HTTP on --host at this port (0 = any "
-                                             "free port; see docs/metrics.md) [off]"}),
-    ("--ssl-cert", {"type": click.Path(path_type=Path), "help": "PEM certificate of the listener: clients and other "
-                                                               "brokers connect over TLS (docs/tls.md) [off]"}),
-    ("--ssl-key", {"type": click.Path(path_type=Path), "help": "PEM private key of --ssl-cert (unencrypted, 0600)"}),
-    ("--ssl-ca", {"type": click.Path(path_type=Path), "help": "PEM CA certificate(s) trusted for the other brokers' "
-                                                             "and for client certificates"}),
-    ("--ssl-require-client-cert/--no-ssl-require-client-cert", {"default": None, "help": "refuse a client without "
-                                                                "a certificate signed by --ssl-ca [off]"}),
-    ("--ssl-allow-plain/--no-ssl-allow-plain", {"default": None, "help": "accept plain (non-TLS) connections on the "
-                                                "same port too [off: TLS only]"}),
-    ("--ssl-verify-hostname/--no-ssl-verify-hostname", {"default": None, "help": "a backup checks that the "
-                                                        "primary's certificate names the host it dialled [on]"}),
-    ("--ha-cluster/--no-ha-cluster", {"default": None, "help": "join an HA cluster (starts as a backup)"}),
-    ("--ha-brokers-url", {"help": "comma list of every broker's own host:port (never the VIP)"}),
-    ("--ha-public-url", {"help": "what clients use (e.g. the VIP host:port)"}),
-    ("--ha-replicate", {"help": "default replication of new objects: all|configuration|none [all]"}),
-    ("--ha-backup-timeout", {"type": float, "help": "seconds a new primary waits for expected backups [10]"}),
-    ("--ha-min-ready-backups", {"type": int, "help": "the primary settles clients' messages and accepts only while "
-                                                     "at least this many backups are ready; held meanwhile [0]"}),
-    ("--ha-flow-messages", {"type": int, "help": "replication credit in messages per queue [1000]"}),
-    ("--ha-flow-bytes", {"type": int, "help": "replication credit in bytes [16 MiB]"}),
-    ("--ha-heartbeat", {"type": float, "help": "heartbeat seconds; a peer silent for 2 is dead [2]"}),
-    ("--ha-username", {"help": "the replication user: brokers log in to each other as it, and only it may act as a "
-                               "backup (in --users-file if one is set; see docs/replication.md)"}),
-    ("--ha-password", {"help": "the replication user's password"}),
-    ("--ha-lag-sample-max", {"type": int, "help": "log every ack as ha.lag below this rate per second [1000]"}),
-    ("--ha-batched-acks/--no-ha-batched-acks", {"default": None, "help": "acknowledge replication in batches [on]"}),
-    ("--ha-batch-bytes", {"type": int, "help": "replication batch size in bytes; 0 = one transfer per message [256 KiB]"}),
-    ("--ha-coordinator", {"help": "external (Pacemaker/operator) | zookeeper [external]"}),
-    ("--zk-hosts", {"help": "ZooKeeper host:port,..."}),
-    ("--zk-path", {"help": "ZooKeeper path of this cluster [/understudy/default]"}),
-    ("--zk-session-timeout", {"type": float, "help": "ZooKeeper session timeout seconds [6]"}),
-]
+_CLICK_TYPES: dict[str, click.ParamType] = {"INTEGER": click.INT, "FLOAT": click.FLOAT}
 
 
-def _field(flag: str) -> str:
-    return flag.split("/")[0].lstrip("-").replace("-", "_")
+def setting_options() -> list[click.Option]:
+    """One click option per BrokerConfig field, from the model (broker.config.flag_specs): booleans as `--x/--no-x`,
+    numbers checked by click as before, paths as paths; everything else (choices included) is checked by the model, so
+    a bad value reads the same from a flag, a variable or the file. Every default is None: not given on the command
+    line, so the environment, the file or the model's default decides."""
+    options = []
+    for spec in flag_specs():
+        if spec.boolean:
+            decl = f"{spec.flag}/--no-{spec.flag.removeprefix('--')}"
+            options.append(click.Option([spec.field, decl], default=None, help=spec.help))
+            continue
+        kind: click.ParamType = (click.Path(path_type=Path) if spec.is_path
+                                 else _CLICK_TYPES.get(spec.metavar, click.STRING))
+        options.append(click.Option([spec.field, spec.flag], type=kind, metavar=spec.metavar, help=spec.help))
+    return options
+
+
+EPILOG = (f"Every setting can also be given as an environment variable, {ENV_PREFIX} and the flag's name in capitals "
+          f"with underscores ({env_name('ha_brokers_url')}=...), or as a key of the --config file (ha-brokers-url = "
+          "...). A flag wins over the environment, the environment over the file, the file over the default.")
 
 
 def broker_id(cfg: BrokerConfig) -> str:
@@ -221,7 +195,8 @@ Validator = Callable[[BrokerConfig], list[str]]
 
 def make_command(plugins: list[Plugin], validators: list[Validator] | None = None) -> click.Command:
     def cmd(config: Path | None, validate_config: bool, plugin: tuple[str, ...], **values: Any) -> None:
-        vals = {_field(k): v for k, v in values.items()}
+        for line in env_near_misses(os.environ):
+            click.echo(f"ha-broker: warning: {line}", err=True)
         extra: list[Plugin] = []
         for spec in plugin:
             mod, _, fn = spec.partition(":")
@@ -231,7 +206,7 @@ def make_command(plugins: list[Plugin], validators: list[Validator] | None = Non
                 click.echo(f"ha-broker: --plugin {spec}: {e}", err=True)
                 sys.exit(2)
         try:
-            cfg = load_config(vals, config)
+            cfg = load_config(values, config, from_env=True)
         except ConfigError as e:
             for line in e.lines:
                 click.echo(f"ha-broker: {line}", err=True)
@@ -265,14 +240,14 @@ def make_command(plugins: list[Plugin], validators: list[Validator] | None = Non
         sys.exit(run(cfg, plugins + extra))
 
     params: list[click.Parameter] = [
-        click.Option(["--config"], type=click.Path(path_type=Path), help="TOML file with the same settings"),
+        click.Option(["--config"], type=click.Path(path_type=Path), envvar=f"{ENV_PREFIX}CONFIG", show_envvar=True,
+                     help="TOML file with the same settings"),
         click.Option(["--plugin"], multiple=True, hidden=True,
                      help="MODULE:FUNCTION called with the server before start (extensions, tests)"),
         click.Option(["--validate-config"], is_flag=True, help="check the configuration and exit (0 ok, 2 bad)"),
     ]
-    for flag, kw in _FLAGS:
-        params.append(click.Option([flag], **kw))
-    return click.Command("ha-broker", callback=cmd, params=params, help="Understudy AMQP 1.0 broker.")
+    params += setting_options()
+    return click.Command("ha-broker", callback=cmd, params=params, help="Understudy AMQP 1.0 broker.", epilog=EPILOG)
 
 
 def main() -> None:

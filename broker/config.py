@@ -1,19 +1,36 @@
-"""The broker's configuration: one validated model, fed by a TOML file and command-line flags.
+"""The broker's configuration: one validated model, fed by command-line flags, environment variables and a TOML file.
 
-Every field maps to a flag (`--max-message-size` <-> `max_message_size`). A bad value is reported with the flag that
-carries it and the reason, so an operator can fix the command line or the file without reading code.
+Every field is a flag (`--max-message-size` <-> `max_message_size`), an environment variable
+(`UNDERSTUDY_MAX_MESSAGE_SIZE`) and a key of the `--config` file; the flags are generated from the model
+(broker/cli.py). Precedence: flag > environment > file > default. A bad value is reported with the flag that carries
+it, where it came from when not from a flag, and the reason, so an operator can fix the command line, the environment
+or the file without reading code.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import tomllib
-from enum import StrEnum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
+ENV_PREFIX = "UNDERSTUDY_"
 VALID_MECHS = ("ANONYMOUS", "PLAIN")
 UNIX_SOCKET_PATH_MAX = 107  # bytes: sockaddr_un.sun_path is 108 including the terminating NUL
 
@@ -66,64 +83,108 @@ def parse_size(text: str) -> int:
     return int(value * _UNITS[unit])
 
 
-class BrokerConfig(BaseModel):
-    """All settings of one `ha-broker` process."""
+class BrokerConfig(BaseSettings):
+    """All settings of one `ha-broker` process.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Each field is one flag (`max_message_size` <-> `--max-message-size`, help text = the field's description, booleans
+    as `--x/--no-x`), one environment variable (`UNDERSTUDY_MAX_MESSAGE_SIZE`) and one key of the `--config` file
+    (`max-message-size` or `max_message_size`); `load_config` merges them. Built directly (`BrokerConfig(port=0)`)
+    it reads nothing but its arguments: only `load_config(..., from_env=True)` looks at the environment.
+    """
 
-    host: str = "127.0.0.1"
-    port: int = Field(5672, ge=0, le=65535)
-    name: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
-    data_dir: Path | None = None
-    log_file: Path | None = None
-    log_level: str = "info"
-    pid_file: Path | None = None
-    admin_socket: Path | None = None
-    auto_create_queues: bool = False
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, validate_default=False, env_prefix=ENV_PREFIX,
+                                      case_sensitive=False)
+
+    host: str = Field("127.0.0.1", description="address to listen on [127.0.0.1]")
+    port: int = Field(5672, ge=0, le=65535, description="port to listen on (0 = any free port) [5672]")
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$",
+                             description="broker id (default: generated once and kept in the data dir)")
+    data_dir: Path | None = Field(None, description="directory for the broker id and state")
+    log_file: Path | None = Field(None, description="JSON-lines event log (default stderr)")
+    log_level: str = Field("info", description="debug|info|warning|error|critical [info]")
+    pid_file: Path | None = Field(None, description="write the process id here")
+    admin_socket: Path | None = Field(None, description="serve management on this Unix socket (0600)")
+    auto_create_queues: bool = Field(False, description="create queues on attach")
     # The durable store: a journal under --data-dir for durable queues and messages (off: everything in memory).
-    journal: bool = True
-    journal_segment_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024, le=1 << 31)
+    journal: bool = Field(True, description="journal durable queues and messages under --data-dir [on]")
+    journal_segment_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024, le=1 << 31,
+                                       description="size at which the journal starts a new segment [64 MiB]")
     # Flow to disk: bytes queued messages may take in memory (0 = no bound). See broker/memory.py.
-    max_memory: int = Field(0, ge=0)
-    max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024)
-    sasl_mechanisms: tuple[str, ...] = ("ANONYMOUS", "PLAIN")
-    users_file: Path | None = None
+    max_memory: int = Field(0, ge=0, description="memory queued messages may take (bytes, or 512M, 2G); beyond it "
+                                                 "durable queues page to disk and what cannot is refused [no bound]",
+                            json_schema_extra={"metavar": "SIZE"})
+    max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024,
+                                  description="largest accepted message in bytes [10 MiB]")
+    sasl_mechanisms: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("ANONYMOUS", "PLAIN"), description="space or comma separated: ANONYMOUS PLAIN",
+        json_schema_extra={"metavar": "TEXT"})
+    users_file: Path | None = Field(None, description="TOML users file for PLAIN (see docs)")
     # Access control rules (broker/acl.py, docs/access-control.md); reloaded on SIGHUP. None: no rules.
-    acl_file: Path | None = None
-    credit_window: int = Field(500, ge=1, le=100_000)
+    acl_file: Path | None = Field(None, description="TOML access rules; reloaded on SIGHUP (see "
+                                                    "docs/access-control.md) [everything allowed]")
+    credit_window: int = Field(500, ge=1, le=100_000, description="credit given to each publisher link [500]")
     # Prometheus endpoint (broker/metrics.py) on --host; None = off, 0 = any free port (logged as metrics.started).
-    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_port: int | None = Field(None, ge=0, le=65535,
+                                     description="serve Prometheus metrics over HTTP on --host at this port (0 = any "
+                                                 "free port; see docs/metrics.md) [off]")
     # TLS (broker/tls.py, docs/tls.md): the listener, and this broker's links to the others when it is a backup.
-    ssl_cert: Path | None = None
-    ssl_key: Path | None = None
-    ssl_ca: Path | None = None
-    ssl_require_client_cert: bool = False
-    ssl_allow_plain: bool = False
-    ssl_verify_hostname: bool = True
+    ssl_cert: Path | None = Field(None, description="PEM certificate of the listener: clients and other brokers "
+                                                    "connect over TLS (docs/tls.md) [off]")
+    ssl_key: Path | None = Field(None, description="PEM private key of --ssl-cert (unencrypted, 0600)")
+    ssl_ca: Path | None = Field(None, description="PEM CA certificate(s) trusted for the other brokers' and for "
+                                                  "client certificates")
+    ssl_require_client_cert: bool = Field(False, description="refuse a client without a certificate signed by "
+                                                             "--ssl-ca [off]")
+    ssl_allow_plain: bool = Field(False, description="accept plain (non-TLS) connections on the same port too "
+                                                     "[off: TLS only]")
+    ssl_verify_hostname: bool = Field(True, description="a backup checks that the primary's certificate names the "
+                                                        "host it dialled [on]")
 
     # HA
-    ha_cluster: bool = False
-    ha_brokers_url: str | None = None
-    ha_public_url: str | None = None
-    ha_replicate: ReplicateLevel = ReplicateLevel.ALL
-    ha_backup_timeout: float = Field(10.0, ge=0, le=3600)
+    ha_cluster: bool = Field(False, description="join an HA cluster (starts as a backup)")
+    ha_brokers_url: str | None = Field(None, description="comma list of every broker's own host:port (never the VIP)")
+    ha_public_url: str | None = Field(None, description="what clients use (e.g. the VIP host:port)")
+    ha_replicate: ReplicateLevel = Field(ReplicateLevel.ALL,
+                                         description="default replication of new objects: all|configuration|none "
+                                                     "[all]")
+    ha_backup_timeout: float = Field(10.0, ge=0, le=3600,
+                                     description="seconds a new primary waits for expected backups [10]")
     # The primary settles clients' messages and accepts only while at least this many backups are ready.
-    ha_min_ready_backups: int = Field(0, ge=0, le=64)
-    ha_flow_messages: int = Field(1000, ge=1, le=1_000_000)
-    ha_flow_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    ha_heartbeat: float = Field(2.0, gt=0, le=600)
+    ha_min_ready_backups: int = Field(0, ge=0, le=64,
+                                      description="the primary settles clients' messages and accepts only while at "
+                                                  "least this many backups are ready; held meanwhile [0]")
+    ha_flow_messages: int = Field(1000, ge=1, le=1_000_000,
+                                  description="replication credit in messages per queue [1000]")
+    ha_flow_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="replication credit in bytes [16 MiB]")
+    ha_heartbeat: float = Field(2.0, gt=0, le=600, description="heartbeat seconds; a peer silent for 2 is dead [2]")
     # The replication user: backups log in as it, and only it may replicate (or, with a users file, is an admin
     # besides its own entry). Without a users file it is the brokers' own PLAIN login (see broker.auth).
-    ha_username: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
-    ha_password: str | None = None
-    ha_lag_sample_max: int = Field(1000, ge=1)
-    ha_batched_acks: bool = True
+    ha_username: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$",
+                                    description="the replication user: brokers log in to each other as it, and only "
+                                                "it may act as a backup (in --users-file if one is set; see "
+                                                "docs/replication.md)")
+    ha_password: str | None = Field(None, description="the replication user's password")
+    ha_lag_sample_max: int = Field(1000, ge=1,
+                                   description="log every ack as ha.lag below this rate per second [1000]")
+    ha_batched_acks: bool = Field(True, description="acknowledge replication in batches [on]")
     # Replication batches: bytes of records per transfer; 0 = one transfer per message (the older format).
-    ha_batch_bytes: int = Field(256 * 1024, ge=0, le=64 * 1024 * 1024)
-    ha_coordinator: Coordinator = Coordinator.EXTERNAL
-    zk_hosts: str | None = None
-    zk_path: str = "/understudy/default"
-    zk_session_timeout: float = Field(6.0, gt=0, le=600)
+    ha_batch_bytes: int = Field(256 * 1024, ge=0, le=64 * 1024 * 1024,
+                                description="replication batch size in bytes; 0 = one transfer per message [256 KiB]")
+    ha_coordinator: Coordinator = Field(Coordinator.EXTERNAL,
+                                        description="external (Pacemaker/operator) | zookeeper [external]")
+    zk_hosts: str | None = Field(None, description="ZooKeeper host:port,...")
+    zk_path: str = Field("/understudy/default", description="ZooKeeper path of this cluster [/understudy/default]")
+    zk_session_timeout: float = Field(6.0, gt=0, le=600, description="ZooKeeper session timeout seconds [6]")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Only the arguments: `load_config` reads the environment and the file itself, so that each value's source
+        is known when it is refused."""
+        return (init_settings,)
 
     @field_validator("max_memory", mode="before")
     @classmethod
@@ -256,32 +317,130 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def load_config(values: dict[str, Any], config_file: Path | None = None) -> BrokerConfig:
-    """Merge a TOML file (lower priority) with explicit values (flags) and validate."""
-    merged: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            with open(config_file, "rb") as f:
-                raw = tomllib.load(f)
-        except OSError as e:
-            raise ConfigError([f"--config {config_file}: {e.strerror}"]) from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError([f"--config {config_file}: not valid TOML: {e}"]) from None
-        for k, v in raw.items():
-            merged[k.replace("-", "_")] = v
-    merged.update({k: v for k, v in values.items() if v is not None})
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """How one field appears on the command line (broker/cli.py turns these into click options)."""
+
+    field: str
+    flag: str  # `--max-message-size`
+    help: str
+    boolean: bool  # a `--x/--no-x` switch
+    metavar: str  # what --help shows after a flag that takes a value
+    is_path: bool
+
+
+def _value_type(annotation: Any) -> Any:
+    """`int | None` -> int; anything else unchanged."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return args[0] if isinstance(annotation, UnionType) and len(args) == 1 else annotation
+
+
+def flag_specs() -> list[FlagSpec]:
+    """Every field of BrokerConfig as a flag, in the model's order. A field without a description has no flag: the
+    test in tests/broker/test_config_cli.py refuses that."""
+    specs = []
+    for field, info in BrokerConfig.model_fields.items():
+        t = _value_type(info.annotation)
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if isinstance(t, type) and issubclass(t, Enum):
+            metavar = "[" + "|".join(str(m.value) for m in t) + "]"
+        else:
+            metavar = {int: "INTEGER", float: "FLOAT", Path: "PATH"}.get(t, "TEXT")
+        specs.append(FlagSpec(field, str(extra.get("flag", flag_name(field))), info.description or "", t is bool,
+                              str(extra.get("metavar", metavar)), t is Path))
+    return specs
+
+
+def _read_file(config_file: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The TOML file -> (values by field name, the key as written in the file by field name)."""
     try:
-        return BrokerConfig(**merged)
+        with open(config_file, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError([f"--config {config_file}: {e.strerror}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"--config {config_file}: not valid TOML: {e}"]) from None
+    values: dict[str, Any] = {}
+    keys: dict[str, str] = {}
+    for k, v in raw.items():
+        field = k.replace("-", "_")
+        if field in keys:
+            raise ConfigError([f"--config {config_file}: keys {keys[field]!r} and {k!r} are the same setting "
+                               f"({flag_name(field)})"])
+        values[field], keys[field] = v, k
+    return values, keys
+
+
+def _read_env() -> dict[str, Any]:
+    """`UNDERSTUDY_<FIELD>` variables (any case) -> values by field name, as strings for the model to check."""
+    try:
+        return EnvSettingsSource(BrokerConfig)()
+    except SettingsError as e:  # only for values that need decoding, which no field has (NoDecode); kept precise
+        raise ConfigError([f"environment: {e}"]) from None
+
+
+def env_near_misses(environ: Mapping[str, str]) -> list[str]:
+    """`UNDERSTUDY_` variables that are no setting but look like one (a typo would otherwise be ignored silently;
+    other `UNDERSTUDY_` variables belong to the project's scripts and tests, so they cannot all be refused)."""
+    fields = list(BrokerConfig.model_fields)
+    out = []
+    for var in sorted(environ):
+        if not var.upper().startswith(ENV_PREFIX):
+            continue
+        rest = var[len(ENV_PREFIX):].lower()
+        if rest in fields:
+            continue
+        close = difflib.get_close_matches(rest, fields, n=1, cutoff=0.8)
+        if close:
+            out.append(f"{var} is not a setting (did you mean {env_name(close[0])}?): ignored")
+    return out
+
+
+_FLAG_IN_TEXT = re.compile(r"--[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def load_config(values: Mapping[str, Any], config_file: Path | None = None, *, from_env: bool = False
+                ) -> BrokerConfig:
+    """Merge explicit values (flags; None = not given) over the environment (only with `from_env`) over a TOML file
+    over the defaults, and validate. Each refused value names its flag and, when it did not come from a flag, its
+    environment variable or file key."""
+    file_values, file_keys = _read_file(config_file) if config_file is not None else ({}, {})
+    env_values = _read_env() if from_env else {}
+    flags = {k: v for k, v in values.items() if v is not None}
+    origin: dict[str, str] = {}  # field -> where its value came from, for fields not set by a flag
+    for k in file_values:
+        origin[k] = f"{config_file}, key {file_keys[k]!r}"
+    for k in env_values:
+        origin[k] = f"environment variable {env_name(k)}"
+    for k in flags:
+        origin.pop(k, None)
+    merged = {**file_values, **env_values, **flags}
+
+    def where(field: str) -> str:
+        return flag_name(field) + (f" (from {origin[field]})" if field in origin else "")
+
+    # Unknown keys are refused here, not by the model: BaseSettings would take `_env_file` and the like as its own
+    # arguments instead of settings.
+    lines = [f"{where(k)}: unknown setting (got {merged.pop(k)!r})" for k in list(merged)
+             if k not in BrokerConfig.model_fields]
+    try:
+        cfg = BrokerConfig(**merged)
     except ValidationError as e:
-        lines = []
         for err in e.errors():
             loc = [str(x) for x in err["loc"]]
             msg = err["msg"].removeprefix("Value error, ")
             if loc:
-                where = flag_name(loc[0])
-                if err["type"] == "extra_forbidden":
-                    msg = "unknown setting"
-                lines.append(f"{where}: {msg} (got {err.get('input')!r})")
+                lines.append(f"{where(loc[0])}: {msg} (got {err.get('input')!r})")
             else:
-                lines.append(msg)
+                # A rule across settings names flags; say where those not given as flags came from.
+                named = dict.fromkeys(f[2:].replace("-", "_") for f in _FLAG_IN_TEXT.findall(msg))
+                sources = [f"{flag_name(f)} from {origin[f]}" for f in named if f in origin]
+                lines.append(msg + (f" [{'; '.join(sources)}]" if sources else ""))
         raise ConfigError(lines) from None
+    if lines:
+        raise ConfigError(lines)
+    return cfg
