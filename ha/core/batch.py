@@ -1,4 +1,4 @@
-"""The replication batch: what a replicating browser sends its backup in one transfer (format versions 1 and 2).
+"""The replication batch: what a replicating browser sends its backup in one transfer (format versions 1 to 3).
 
 A batch is the queue events one pass of the primary gathered for one (queue, backup), in order: dequeue ranges
 first, then enqueued messages with their positions and the facts the backup needs to keep them as the primary does
@@ -24,6 +24,16 @@ Version 2 (negotiated, see below) adds three record kinds, and gives two enqueue
 A backup keeps a message acquired on the primary as it would come back after a failover (delivery count + 1,
 redelivered); a release sets it to what the primary has. A reader of version 1 ignores flags it does not know.
 
+Version 3 (negotiated the same way) adds one record kind, always before any other record of its batch::
+
+            | "X" txn:u64 parts:u16                                           this batch is one part of transaction
+                                                                              unit `txn`, which has `parts` parts
+
+A transaction unit is the transactions a pass of the primary committed (broker.transactions); it has one part per
+queue it touched that this backup replicates, each part a batch of that queue on the same connection holding all of
+the unit's records of that queue. The backup applies a part only together with all the others (ha.core.txnparts);
+a batch with several "X" records belongs to each of those units (a browser that could not send for a while).
+
 All integers are big-endian. `parse` checks everything before anything is applied (a batch is applied whole or
 not at all) and raises `BatchError` naming the first problem: wrong magic or version, a truncated or unknown record,
 a position of 0, lo > hi, a message longer than the limit, a position twice in one batch.
@@ -32,7 +42,8 @@ Negotiation: a backup that understands version 1 attaches its replicating browse
 ``batch: 1``; a primary that sends batches answers with ``batch: 1`` in its attach. Anyone else keeps the
 per-message format (see ha.protocol), so a rolling upgrade works in either order. A backup that also reads version
 2 adds ``batch-max: 2``; a primary that sends version 2 answers ``batch-max: 2``, else its batches are version 1
-(and a version-1 primary ignores the property).
+(and a version-1 primary ignores the property). Likewise ``batch-max: 3`` (`negotiate`): a backup that reads
+only version 2 gets version-2 batches, and transactions replicated record by record as before.
 
 Acknowledgements (`$ha.acks`, one transfer per pass of the backup) have a binary form too, used when the primary's
 connection properties say ``x-understudy-acks-format: 1`` (a primary reads both forms; it tells them apart by the
@@ -55,10 +66,11 @@ from typing import NamedTuple
 from broker.errors import BatchError
 
 VERSION = 1
-VERSION_MAX = 2  # the newest batch format this broker writes and reads
+VERSION_MAX = 3  # the newest batch format this broker writes and reads
+VERSION_TXN = 3  # the first version with transaction parts ("X")
 MAGIC = b"UB"
 _HEAD = MAGIC + bytes([VERSION])
-_HEADS = {v: MAGIC + bytes([v]) for v in (1, 2)}
+_HEADS = {v: MAGIC + bytes([v]) for v in range(1, VERSION_MAX + 1)}
 _ENQ = struct.Struct(">cQBBIdI")
 _DEQ = struct.Struct(">cQQ")
 _ENQ_SIZE = _ENQ.size
@@ -73,6 +85,8 @@ _W = b"W"
 _REL = struct.Struct(">cQBI")
 _WHEAD = struct.Struct(">cI")
 _WITEM = struct.Struct(">dH")
+_X = b"X"
+_TXN = struct.Struct(">cQH")
 
 FLAG_ACQUIRED = 16  # version 2: a consumer holds the message (broker.queue.HELD on a backup)
 FLAG_WINDOWED = 32  # version 2: its message-id entered the queue's duplicate window (broker.queue.WINDOWED)
@@ -107,7 +121,33 @@ class Window(NamedTuple):
     items: list[tuple[bytes, float]]
 
 
-Record = Enqueue | Dequeue | Acquired | Released | Window  # tell them apart by type: `type(r) is tuple` for the first two
+class TxnPart(NamedTuple):
+    """Version 3: this batch is one of the `parts` parts of transaction unit `txn` (first in its batch)."""
+
+    kind: str
+    txn: int
+    parts: int
+
+
+Record = Enqueue | Dequeue | Acquired | Released | Window | TxnPart  # by type: `type(r) is tuple` for the first two
+
+
+def negotiate(batch: bool, offered: object) -> int:
+    """The batch format version a primary writes to a browser whose backup offered `batch-max: offered` (1 without
+    batches or without an offer of 2 or more)."""
+    if not batch or not isinstance(offered, int) or isinstance(offered, bool) or offered < 2:
+        return 1
+    return min(offered, VERSION_MAX)
+
+
+def txn_parts(records: list[Record]) -> list[tuple[int, int]]:
+    """The (txn, parts) of a parsed batch's leading "X" records ([] for a batch outside any transaction)."""
+    out: list[tuple[int, int]] = []
+    for r in records:
+        if type(r) is not TxnPart:
+            break
+        out.append((r.txn, r.parts))  # type: ignore[union-attr]
+    return out
 
 
 _ACK_HEADS = {v: b"UA" + bytes([v]) for v in (1, 2)}
@@ -231,6 +271,15 @@ class BatchWriter:
         self.size += len(blob)
         self.count += 1
 
+    def txn(self, txn: int, parts: int) -> None:
+        """Version 3 only, before any other record: this batch is one of the `parts` parts of unit `txn`."""
+        assert self.version >= VERSION_TXN
+        if not 1 <= parts <= 0xFFFF or not 1 <= txn < 2**64:
+            raise ValueError(f"transaction part {txn}: {parts} parts")
+        self.parts.append(_TXN.pack(_X, txn, parts))
+        self.size += _TXN.size
+        self.count += 1
+
     def enqueue(self, position: int, level: int, flags: int, count: int, expires: float | None, data: bytes) -> None:
         n = len(data)
         self.parts.append(_ENQ.pack(_E, position, level, flags, count, expires or 0.0, n))
@@ -269,6 +318,7 @@ def parse(payload: bytes, max_message: int) -> list[Record]:
     off = 11
     out: list[Record] = []
     seen: set[int] = set()
+    txns: set[int] = set()
     enq, deq = _ENQ, _DEQ
     esize, dsize = enq.size, deq.size
     while off < end:
@@ -316,6 +366,19 @@ def parse(payload: bytes, max_message: int) -> list[Record]:
         elif version >= 2 and kind == _W:
             off, items = _parse_window(payload, off, end)
             out.append(Window("W", items))
+        elif version >= VERSION_TXN and kind == _X:
+            if off + _TXN.size > end:
+                raise BatchError(f"truncated transaction record at byte {off}")
+            if len(out) != len(txns):
+                raise BatchError(f"transaction record at byte {off} after other records")
+            _, txn, parts = _TXN.unpack_from(payload, off)
+            if txn == 0 or parts == 0:
+                raise BatchError(f"transaction record at byte {off}: txn {txn}, {parts} parts")
+            if txn in txns:
+                raise BatchError(f"transaction {txn} twice in one batch")
+            txns.add(txn)
+            off += _TXN.size
+            out.append(TxnPart("X", txn, parts))
         else:
             raise BatchError(f"unknown record kind {kind!r} at byte {off}")
     return out

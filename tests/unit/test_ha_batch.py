@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import BatchError
-from ha.core.batch import DEFAULT_LIMIT, BatchWriter, encode_acks, parse, parse_acks
+from ha.core.batch import (
+    DEFAULT_LIMIT,
+    VERSION_MAX,
+    BatchWriter,
+    TxnPart,
+    encode_acks,
+    negotiate,
+    parse,
+    parse_acks,
+    txn_parts,
+)
 
 MAX = 10 * 1024 * 1024
 
@@ -59,7 +69,7 @@ def _enq(pos: int, data: bytes, n: int | None = None) -> bytes:
         (b"", "not a replication batch"),
         (b"\x00\x53\x77\xa1\x03abc", "not a replication batch"),
         (_batch(_enq(1, b"abc"))[:-1], "transfer has"),
-        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x03", "version 3 is not supported"),
+        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x04", "version 4 is not supported"),
         (b"\x00\x53\x75\xb0\x00\x00\x00\x03XY\x01", "bad magic"),
         (_batch(_enq(0, b"a")), "position 0"),
         (_batch(_enq(5, b"abc", n=9)), "message truncated"),
@@ -74,6 +84,59 @@ def _enq(pos: int, data: bytes, n: int | None = None) -> bytes:
 def test_a_bad_batch_is_refused_naming_the_problem(payload: bytes, says: str) -> None:
     with pytest.raises(BatchError, match=says):
         parse(payload, MAX)
+
+
+def _batch3(*records: bytes) -> bytes:
+    body = b"UB\x03" + b"".join(records)
+    return b"\x00\x53\x75\xb0" + len(body).to_bytes(4, "big") + body
+
+
+def _x(txn: int, parts: int) -> bytes:
+    return struct.pack(">cQH", b"X", txn, parts)
+
+
+def test_version_3_transaction_parts_come_first_and_back() -> None:
+    w = BatchWriter(version=3)
+    w.txn(5, 2)
+    w.txn(6, 1)
+    w.dequeue(1, 2)
+    w.enqueue(9, 0, 2, 0, None, b"nine")
+    records = parse(w.payload(), MAX)
+    assert records == [TxnPart("X", 5, 2), TxnPart("X", 6, 1), (1, 2), (9, 0, 2, 0, 0.0, b"nine")]
+    assert txn_parts(records) == [(5, 2), (6, 1)]
+    assert txn_parts(records[2:]) == [] and w.payload()[8:11] == b"UB\x03"
+    assert VERSION_MAX == 3
+
+
+def test_a_writer_of_version_2_has_no_transaction_parts() -> None:
+    with pytest.raises(AssertionError):
+        BatchWriter(version=2).txn(1, 1)
+    with pytest.raises(ValueError, match="0 parts"):
+        BatchWriter(version=3).txn(1, 0)
+
+
+@pytest.mark.parametrize(
+    ("payload", "says"),
+    [
+        (_batch(_x(1, 2)), "unknown record kind b'X'"),  # version 1 (and 2) have no transaction parts
+        (_batch3(_enq(1, b"a"), _x(1, 2)), "after other records"),
+        (_batch3(_x(0, 2)), "txn 0, 2 parts"),
+        (_batch3(_x(4, 0)), "txn 4, 0 parts"),
+        (_batch3(_x(4, 2), _x(4, 2)), "transaction 4 twice"),
+        (_batch3(_x(4, 2)[:-1]), "truncated transaction record"),
+    ],
+)
+def test_a_bad_transaction_part_is_refused_naming_the_problem(payload: bytes, says: str) -> None:
+    with pytest.raises(BatchError, match=says):
+        parse(payload, MAX)
+
+
+@pytest.mark.parametrize(
+    ("batch", "offered", "version"),
+    [(False, 3, 1), (True, None, 1), (True, 1, 1), (True, True, 1), (True, 2, 2), (True, 3, 3), (True, 9, 3)],
+)
+def test_negotiation_gives_a_version_2_backup_version_2(batch: bool, offered: object, version: int) -> None:
+    assert negotiate(batch, offered) == version
 
 
 def test_a_message_over_the_limit_is_refused() -> None:
