@@ -15,6 +15,11 @@ from spark.model import ReportData, Row, Table
 
 # Each task reads about this many splits per core at least: a few per core keep both cores busy to the end.
 SPLITS_PER_CORE = 4
+# Shuffle partitions per core (unless configured). Only the digest's aggregation shuffles data that grows with the
+# input, and it is already much smaller than the input; every later stage works on small tables, where Spark's
+# default of 200 partitions made each of ~60 stages cost 1-8 s of task overhead on 2 cores.
+SHUFFLE_PARTITIONS_PER_CORE = 2
+SPARK_DEFAULT_SHUFFLE_PARTITIONS = "200"
 
 
 class NoInput(Exception):
@@ -28,6 +33,7 @@ def run(spark: SparkSession, uris: list[str], dates: reader.DateRange,
     The input is read and parsed once, into the cached digest (metrics.digest); every table comes from it.
     """
     _split_input(spark)
+    _size_shuffles(spark)
     events = reader.classify(reader.read_lines(spark, uris, dates, pattern), dates)
     digest = metrics.digest(events).persist(StorageLevel.MEMORY_AND_DISK)
     rare = metrics.rare_events(digest).persist(StorageLevel.MEMORY_AND_DISK)
@@ -75,6 +81,14 @@ def _split_input(spark: SparkSession) -> None:
     key = "spark.sql.files.minPartitionNum"
     if spark.conf.get(key, None) is None:
         spark.conf.set(key, str(SPLITS_PER_CORE * spark.sparkContext.defaultParallelism))
+
+
+def _size_shuffles(spark: SparkSession) -> None:
+    """spark.sql.shuffle.partitions from the cluster's cores (SHUFFLE_PARTITIONS_PER_CORE), unless configured."""
+    key = "spark.sql.shuffle.partitions"
+    configured = spark.sparkContext.getConf().contains(key) or spark.conf.get(key) != SPARK_DEFAULT_SHUFFLE_PARTITIONS
+    if not configured:
+        spark.conf.set(key, str(SHUFFLE_PARTITIONS_PER_CORE * spark.sparkContext.defaultParallelism))
 
 
 def _cached(frame: DataFrame) -> DataFrame:

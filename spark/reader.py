@@ -46,6 +46,10 @@ FIELDS = T.StructType(
     + [T.StructField(name, _SPARK_TYPES[events.field_type(name)]) for name in events.READ_FIELDS]
 )
 LINE_SCHEMA = T.ArrayType(FIELDS)
+# The same fields parsed from the line itself (the fast path of classify), with the column Spark fills with the line
+# when it does not parse as FIELDS.
+CORRUPT = "_line_not_parsed"
+PLAIN_SCHEMA = T.StructType([*FIELDS.fields, T.StructField(CORRUPT, T.StringType())])
 # For the few lines that fail: the common fields only, as text (to tell a well-formed object with a read field of
 # the wrong type, classified by its common fields, from malformed JSON).
 COMMON_LINE_SCHEMA = T.ArrayType(T.StructType([T.StructField(name, T.StringType()) for name in ("ts", "event", "broker")]))
@@ -57,6 +61,9 @@ JSON_OPTIONS = {
 }
 # A field of the wrong type fails the whole line (the default keeps the other fields and hides the failure).
 STRICT_CONF = {"spark.sql.json.enablePartialResults": "false"}
+# A line that starts with "{" and whose only "}" is its last character: nothing can follow the object. (A regular
+# expression: Spark's instr() and length() cost twice as much, per character.)
+ONE_FLAT_OBJECT = r"^\{[^}]*\}$"
 # ISO 8601 date-time with seconds and a zone; the calendar check (month 13, 30 February) is the cast's.
 ISO_TS = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$"
 
@@ -123,11 +130,28 @@ def classify(lines: DataFrame, dates: DateRange) -> DataFrame:
     the report reads, ``lag`` and ``weight``. The rules are the table in docs/lag-report.md, in its order."""
     for key, value in STRICT_CONF.items():
         lines.sparkSession.conf.set(key, value)
+    # Fast path, taken by almost every line: the line parsed as one object has an event, starts with "{" and its
+    # only "}" is its last character (ONE_FLAT_OBJECT), so nothing can follow the object: it is exactly one JSON
+    # object and this parse is the record. Only the other lines (blank, malformed, nested values, a "}" inside a string, trailing
+    # spaces...) are parsed again as the array "[line]" (CASE WHEN evaluates that only for them): parsing every
+    # line as an array costs twice as much.
+    plain = F.from_json(F.col("value"), PLAIN_SCHEMA, {**JSON_OPTIONS, "columnNameOfCorruptRecord": CORRUPT})
+    simple = (
+        F.col(f"p.{CORRUPT}").isNull()  # set when a field has the wrong type (the other fields are still filled)
+        & F.col("p.event").isNotNull()
+        & F.col("value").rlike(ONE_FLAT_OBJECT)
+    )
     wrapped = F.concat(F.lit("["), F.col("value"), F.lit("]"))
-    parsed = lines.select("value", "file", F.from_json(wrapped, LINE_SCHEMA, JSON_OPTIONS).alias("w"))
-    parsed = parsed.where(F.col("w").isNull() | (F.size("w") > 0))  # a blank line is the empty array
-    record = F.col("w")[0]
-    one_object = F.col("w").isNotNull() & (F.size("w") == 1) & record.isNotNull()
+    parsed = lines.select("value", "file", plain.alias("p")).select(
+        "value", "file", "p", simple.alias("simple"),
+        F.when(~simple, F.from_json(wrapped, LINE_SCHEMA, JSON_OPTIONS)).alias("w"),
+    )
+    parsed = parsed.where(F.col("simple") | F.col("w").isNull() | (F.size("w") > 0))  # blank: the empty array
+
+    def record(name: str) -> Column:
+        return F.when(F.col("simple"), F.col("p")[name]).otherwise(F.col("w")[0][name])
+
+    one_object = F.col("simple") | (F.col("w").isNotNull() & (F.size("w") == 1) & F.col("w")[0].isNotNull())
     # The rest (rare) is parsed again with the common fields only, as text (text accepts any JSON value): one JSON
     # object that parses this way has a read field of the wrong type; anything else is malformed. CASE WHEN
     # evaluates the later conditions only for the rows that reach them.
@@ -139,7 +163,7 @@ def classify(lines: DataFrame, dates: DateRange) -> DataFrame:
     parse = F.when(one_object, "ok").when(well_formed_object, "wrong_type").otherwise("malformed")
 
     def common(name: str) -> Column:
-        return F.when(one_object, record[name]).when(F.col("parse") == "wrong_type", fallback[0][name])
+        return F.when(one_object, record(name)).when(F.col("parse") == "wrong_type", fallback[0][name])
 
     typed = parsed.withColumn("parse", parse).select(
         "file",
@@ -147,7 +171,7 @@ def classify(lines: DataFrame, dates: DateRange) -> DataFrame:
         F.when(common("ts").rlike(ISO_TS), common("ts").try_cast("timestamp")).alias("ts"),
         common("event").alias("event"),
         common("broker").alias("broker"),
-        *[F.when(one_object, record[name]).alias(name) for name in events.READ_FIELDS],
+        *[F.when(one_object, record(name)).alias(name) for name in events.READ_FIELDS],
     )
     lag = F.coalesce(F.col("lag_ms"), (F.col("ack_ts") - F.col("enqueue_ts")) * 1000.0)
     rate = F.col("sample_rate")
