@@ -280,7 +280,8 @@ _EVENTS: tuple[Event, ...] = (
     Event("metrics.refused", _ERR, _B, "the Prometheus endpoint cannot listen (port taken, address not local): "
           "the broker does not start (exit code 2)", (U("description", "the address and the system's reason"),)),
     Event("admin_socket.bad_request", _WARN, _B, "the admin socket received a request it could not read "
-          "(answered 400)", (U("user", "the peer's Unix user"), U("reason"))),
+          "(answered 400; 404, 405, 501, 411 or 413 for a wrong path or method, no length, too long)",
+          (U("user", "the peer's Unix user"), U("reason"))),
     Event("queue.expired", _INFO, _B, "TTL expiry sweep removed messages (one line per sweep, not per message)",
           (U("queue"), U("count"))),
     Event("broker.error", _ERR, _B, "a bug in an event handler: the link or connection involved is closed, the "

@@ -1,4 +1,4 @@
-"""The local admin socket (``--admin-socket``): management over a Unix socket, one JSON line each way."""
+"""The local admin socket (``--admin-socket``): management as HTTP/1.1 with JSON bodies over a Unix socket."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.admin_socket import AdminSocketError, request
+from broker.admin_socket import MAX_BODY, AdminSocketError, UnixHTTPConnection, request
 from broker.options import QUEUE_ARGUMENTS
 from tests.broker.helpers import Sentinel
 from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
@@ -32,17 +32,35 @@ def with_socket(brokers: BrokerFactory, *extra: str, name: str = "adm") -> Broke
     return brokers("--admin-socket", str(path), *extra, name=name)
 
 
-def exchange(path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
-    """Send raw request lines on one connection; one parsed answer per line."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(5)
-        s.connect(str(path))
-        reader = s.makefile("rb")
+def exchange(path: Path, bodies: list[bytes]) -> list[dict[str, Any]]:
+    """POST raw bodies on one kept-alive connection; one parsed answer per body (its HTTP status agrees)."""
+    conn = UnixHTTPConnection(path, 5)
+    try:
         answers = []
-        for line in lines:
-            s.sendall(line + b"\n")
-            answers.append(json.loads(reader.readline()))
+        first = None
+        for body in bodies:
+            conn.request("POST", "/management", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            answer = json.loads(r.read())
+            assert r.status == (200 if answer["status"] == 204 else answer["status"]), (r.status, answer)
+            first = first or conn.sock
+            assert conn.sock is first, "the connection was closed"  # the same connection served every request
+            answers.append(answer)
         return answers
+    finally:
+        conn.close()
+
+
+def raw(path: Path, data: bytes, timeout: float = 5) -> bytes:
+    """Bytes out, everything back until the broker closes."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
 
 
 def test_management_over_the_socket_is_the_same_as_over_amqp(brokers: BrokerFactory) -> None:
@@ -86,13 +104,35 @@ def test_bad_requests_get_400_and_the_connection_and_messages_survive(brokers: B
 def test_an_overlong_request_is_refused(brokers: BrokerFactory) -> None:
     b = with_socket(brokers)
     sentinel = Sentinel(b.url, "sentinel")
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
-        s.connect(str(sock_path(b)))
-        s.sendall(b'{"operation": "READ", "type": "queue", "name": "' + b"x" * (1024 * 1024 + 10) + b'"}\n')
-        answer = json.loads(s.makefile("rb").readline())
-    assert answer["status"] == 400 and "longer than" in answer["description"]
+    answer = raw(sock_path(b), b"POST /management HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{" % (MAX_BODY + 1))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ") and b"Connection: close" in head
+    assert "longer than" in json.loads(body)["description"]
     sentinel.check()
+
+
+def test_health_wrong_paths_methods_and_non_http_get_json_answers(brokers: BrokerFactory) -> None:
+    b = with_socket(brokers)
+    conn = UnixHTTPConnection(sock_path(b), 5)
+    try:
+        conn.request("GET", "/health")
+        r = conn.getresponse()
+        health = json.loads(r.read())
+        assert (r.status, r.getheader("Content-Type"), health["body"]["broker"]) == (200, "application/json", b.name)
+        for method, path, status in (("GET", "/nope", 404), ("GET", "/management", 405), ("DELETE", "/health", 501)):
+            conn.request(method, path)
+            r = conn.getresponse()
+            assert (r.status, json.loads(r.read())["status"]) == (status, status), (method, path)
+    finally:
+        conn.close()
+    # A client of the earlier one-JSON-line protocol gets a JSON line that says what to speak, then the close.
+    old = json.loads(raw(sock_path(b), b'{"operation": "READ", "type": "broker", "name": "broker"}\n'))
+    assert old["status"] == 400 and "POST /management" in old["description"]
+    no_length = raw(sock_path(b), b"POST /management HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert no_length.startswith(b"HTTP/1.1 411 ")
+    assert request(sock_path(b), "READ", "broker", "broker").status == 200  # and it serves on
+    reasons = [e["reason"] for e in b.events() if e.get("event") == "admin_socket.bad_request"]
+    assert any("/nope" in r for r in reasons) and any("Content-Length" in r for r in reasons)
 
 
 def test_sigterm_removes_the_socket_and_a_stale_one_is_replaced(brokers: BrokerFactory) -> None:
@@ -183,10 +223,8 @@ def test_connections_beyond_the_limit_get_503_and_a_freed_slot_serves_again(brok
         s.connect(path)
         idle.append(s)
     try:
-        with socket.socket(socket.AF_UNIX) as extra:
-            extra.settimeout(5)
-            extra.connect(path)
-            assert json.loads(extra.makefile("rb").readline())["status"] == 503
+        refused = request(sock_path(b), "READ", "broker", "broker")
+        assert refused.status == 503 and "too many admin connections" in refused.description
         idle.pop().close()
         assert wait_for(lambda: request(sock_path(b), "READ", "broker", "broker").status == 200, 5)
     finally:
