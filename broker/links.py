@@ -66,13 +66,22 @@ def reject(d: Any, condition: str, description: str) -> None:
 class Completion:
     """A received client delivery that is settled only when every holder has released it."""
 
-    __slots__ = ("delivery", "error", "pending", "publisher")
+    __slots__ = ("delivery", "error", "followers", "keys", "pending", "publisher")
 
     def __init__(self, publisher: PublisherLink, delivery: Any) -> None:
         self.publisher = publisher
         self.delivery = delivery  # raw pointer; touched only while the publisher link is open
         self.pending = 1
         self.error: tuple[str, str] | None = None  # a holder could not keep its promise: reject, don't accept
+        self.followers: list[Completion] | None = None  # resends of this message, answered after it
+        self.keys: list[tuple[str, bytes]] | None = None  # its (queue, message-id) in Router.unconfirmed
+
+    def follow(self, original: Completion) -> None:
+        """Be answered only after `original` (this is a resend of it that a duplicate window dropped)."""
+        self.pending += 1
+        if original.followers is None:
+            original.followers = []
+        original.followers.append(self)
 
     def release(self) -> None:
         self.pending -= 1

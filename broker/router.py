@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 log = get_logger("broker")
 
+Dropped = tuple[bytes, list["Queue"]] | None  # a windowed message's id, and the queues whose window dropped it
+
 
 class Router:
     def __init__(self, server: Server) -> None:
@@ -31,6 +33,9 @@ class Router:
         self.consumers = server.consumers
         self.extensions = server.extensions
         self.store = server.store
+        # (queue, message-id) of windowed messages whose publisher has not been answered yet: a resend arriving
+        # meanwhile is dropped by the window and answered only after the original (see `_follow`).
+        self.unconfirmed: dict[tuple[str, bytes], Completion] = {}
 
     def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
         names = self.wiring.route(exchange, subject)  # with the exchange's alternate-exchange
@@ -54,8 +59,9 @@ class Router:
             routed = [(q, q.enqueue(data, priority, expires, durable))]
             if q in self.consumers:
                 self.server.dirty.add(q)
+            dropped: Dropped = None
         else:
-            routed = self._route(address, q, data, priority, expires, durable)
+            routed, dropped = self._route(address, q, data, priority, expires, durable)
         if raw.delivery_settled(d):  # pre-settled by the sender: at most once, nothing to hold
             pub.unsettled -= 1
             raw.delivery_settle(d)
@@ -66,12 +72,30 @@ class Router:
             for ext in self.extensions:
                 if ext.hold(c, routed):
                     c.pending += 1
+        if dropped is not None:
+            self._follow(c, routed, *dropped)
         c.release()
+
+    def _follow(self, c: Completion, routed: list[tuple[Queue, Entry]], mid: bytes, duplicates: list[Queue]) -> None:
+        """A windowed message: a resend whose original is not answered yet is answered after it (were it answered
+        at once, a primary dying before the backups have the original would lose both, the resend confirmed); an
+        original that waits for anything is remembered until it is answered (`Server._settle` forgets it)."""
+        unconfirmed = self.unconfirmed
+        for q in duplicates:
+            original = unconfirmed.get((q.name, mid))
+            if original is not None:
+                c.follow(original)
+        if c.pending > 1:
+            keys = [(q.name, mid) for q, _ in routed if q.dedup is not None]
+            if keys:
+                c.keys = keys
+                for k in keys:
+                    unconfirmed[k] = c
 
     def enqueue_committed(self, address: str, data: bytes) -> list[tuple[Queue, Entry]]:
         """A committed transaction's message (broker.transactions, which checked routes and room first)."""
         priority, expires, durable = decode(data, trusted=True)
-        return self._route(address, self.queues.get(address), data, priority, expires, durable)
+        return self._route(address, self.queues.get(address), data, priority, expires, durable)[0]
 
     def check_refusing(self, address: str, targets: list[Queue], durable: bool) -> None:
         """Raise as `route` would while the broker is refusing (journal failed, memory over the bound)."""
@@ -95,8 +119,9 @@ class Router:
                                         f"and {why}")
 
     def _route(self, address: str, q: Queue | None, data: bytes, priority: int, expires: float | None,
-               durable: bool) -> list[tuple[Queue, Entry]]:
-        """Routing with checks: an exchange, duplicate windows, limits, last-value keys."""
+               durable: bool) -> tuple[list[tuple[Queue, Entry]], Dropped]:
+        """Routing with checks: an exchange, duplicate windows, limits, last-value keys. Also returns, for a message
+        with an id routed to a windowed queue, (id, queues whose window dropped it)."""
         if q is not None:
             targets: list[Queue] = [q]
         elif address in self.wiring.exchanges:
@@ -104,6 +129,7 @@ class Router:
         else:
             raise NoRoute("amqp:not-found", f"no queue or exchange named {address!r}")
         mid: bytes | None = None
+        duplicates: list[Queue] = []
         now = 0.0
         if any(t.dedup is not None for t in targets):
             mid = id_key(current_message_id())
@@ -111,7 +137,8 @@ class Router:
                 now = time.time()
                 fresh = [t for t in targets if t.dedup is None or not t.dedup.seen(mid, now)]
                 if len(fresh) < len(targets):
-                    self._duplicate(mid, [t for t in targets if t not in fresh])
+                    duplicates = [t for t in targets if t not in fresh]
+                    self._duplicate(mid, duplicates)
                     targets = fresh
         size = len(data)
         for q in targets:
@@ -132,7 +159,7 @@ class Router:
                 e.flags |= WINDOWED  # replication tells the backups to take its id too (ha.core.batch)
             if q in consumers:
                 self.server.dirty.add(q)
-        return routed
+        return routed, (None if mid is None else (mid, duplicates))
 
     def _duplicate(self, mid: bytes, queues: list[Queue]) -> None:
         """A transfer whose message-id is in these queues' windows: accepted, not enqueued there (debug log)."""

@@ -360,6 +360,8 @@ class Server:
         n = 0
         publishers = set()
         for c in batch:
+            if c.keys is not None or c.followers is not None:
+                self._answered(c)
             pub = c.publisher
             if pub.closed:
                 continue
@@ -381,6 +383,19 @@ class Server:
                 self._settled_as = role_epoch
             self._settled_count += n
             self._settled_last = now
+
+    def _answered(self, c: Completion) -> None:
+        """A windowed message is answered: forget it, and answer the resends that waited for it the same way."""
+        if c.keys is not None:
+            unconfirmed = self.router.unconfirmed
+            for k in c.keys:
+                if unconfirmed.get(k) is c:
+                    del unconfirmed[k]
+        for f in c.followers or ():
+            if c.error is not None:
+                f.fail(*c.error)
+            else:
+                f.release()
 
     def _flush_settled_log(self, force: bool = False) -> None:
         if self._settled_count:

@@ -9,6 +9,8 @@ The module is also the pipelining publisher the first test runs as a subprocess:
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proton import Delivery, Message
+from proton import Delivery, Message, Timeout
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -186,6 +188,38 @@ def test_publisher_resending_after_sigkill_of_the_primary_delivers_each_id_exact
     assert sorted(int(str(m.body)) for m in got) == list(range(1, count + 1))
     with mgmt(c[1].url) as m:
         assert m.call("READ", "queue", "eo").body["duplicates"] >= 1000
+
+
+def test_a_resend_to_the_same_primary_is_answered_only_after_its_original(cluster: Make) -> None:
+    """A publisher that times out and resends on a new link while its original is still being replicated: the
+    window drops the resend, and the resend is confirmed only once the original is (were it confirmed at once, a
+    primary dying before the backup had the original would lose a message the publisher saw confirmed)."""
+    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "resend", {"arguments": {"duplicate-window": 100}})
+    first, second = connect(c[0].url), connect(c[0].url)
+    c[1].signal(signal.SIGSTOP)
+    try:
+        original = first.create_sender("resend").link.send(Message(id="m-1", body=1, durable=True))
+        with contextlib.suppress(Timeout):
+            first.wait(lambda: original.settled, timeout=0.5)  # it goes out, and stays unconfirmed
+        assert not original.settled
+        resend = second.create_sender("resend").link.send(Message(id="m-1", body=1, durable=True))
+        with contextlib.suppress(Timeout):
+            second.wait(lambda: resend.settled, timeout=1.0)
+        assert not resend.settled and not original.settled
+    finally:
+        c[1].signal(signal.SIGCONT)
+    second.wait(lambda: resend.settled, timeout=10)
+    first.wait(lambda: original.settled, timeout=10)
+    assert resend.remote_state == Delivery.ACCEPTED and original.remote_state == Delivery.ACCEPTED
+    first.close()
+    second.close()
+    c[0].kill()
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    assert [m.body for m in _take_all(c[1].url, "resend")] == [1]
 
 
 def test_messages_delivered_but_not_settled_come_back_after_failover_marked_redelivered(cluster: Make) -> None:
