@@ -14,6 +14,7 @@ requests per connection)::
     POST /management   {"operation": "STATUS", "type": "ha-broker", "name": null, "body": null, "properties": {}}
     -> 200             {"status": 200, "description": "OK", "body": {...}, "properties": {}}
     GET /health        -> 200 {"status": 200, "description": "OK", "body": {"broker": "b1", ...}}, or 503
+    GET /metrics       -> 200, the Prometheus text format (docs/metrics.md), also without --metrics-port
 
 The HTTP status is the management status, except that 204 is sent as 200 (an HTTP 204 has no body); the body's
 ``status`` is always the management one. A bad request gets 400 and the connection stays usable; a body over
@@ -54,6 +55,7 @@ MAX_CONNECTIONS = 16
 HEALTH_TIMEOUT = 5.0
 MANAGEMENT_PATH = "/management"
 HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
 
 
 class AdminSocketError(Exception):
@@ -77,6 +79,8 @@ class AdminSocket:
         self.httpd: _UnixHttpServer | None = None
         self._closed = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._registry: Any = None  # the Prometheus registry, made at the first GET /metrics
+        self._registry_lock = threading.Lock()
 
     # ----- lifecycle ----------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -153,6 +157,20 @@ class AdminSocket:
 
         return self._on_loop(look, min(self.timeout, HEALTH_TIMEOUT))
 
+    def metrics(self) -> tuple[bytes, str]:
+        """The broker's Prometheus families (broker/metrics.py) and their content type. Imported only when asked:
+        `ha-admin`, which imports this module for its client, does not need prometheus_client."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from broker.metrics import BrokerCollector, SnapshotPublisher, take_snapshot
+
+        with self._registry_lock:
+            if self._registry is None:
+                publisher = SnapshotPublisher(lambda: take_snapshot(self.server), self.server.call_soon_threadsafe)
+                self._registry = CollectorRegistry(auto_describe=False)
+                self._registry.register(BrokerCollector(publisher))
+        return generate_latest(self._registry), CONTENT_TYPE_LATEST
+
     def _on_loop(self, work: Callable[[], Response], timeout: float) -> Response:
         done = threading.Event()
         result: list[Response] = []
@@ -190,7 +208,8 @@ class _UnixHttpServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """POST /management and GET /health; every answer, errors included, is the JSON reply object."""
+    """POST /management, GET /health and GET /metrics; every other answer, errors included, is the JSON reply
+    object."""
 
     protocol_version = "HTTP/1.1"  # keep-alive
     timeout = IDLE_TIMEOUT
@@ -222,6 +241,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path == HEALTH_PATH:
             self._reply(self.server.admin.health())
+        elif self.path == METRICS_PATH:
+            self._send(200, *self.server.admin.metrics())
         elif self.path == MANAGEMENT_PATH:
             self._reply(Response(405, f"{MANAGEMENT_PATH} takes POST"), close=False)
         else:
@@ -251,7 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.over_limit or self.server.admin._closed.is_set()
 
     def _not_found(self) -> None:
-        self._bad(404, f"no {self.path!r} here: POST {MANAGEMENT_PATH} or GET {HEALTH_PATH}")
+        self._bad(404, f"no {self.path!r} here: POST {MANAGEMENT_PATH}, GET {HEALTH_PATH} or GET {METRICS_PATH}")
 
     def _bad(self, status: int, text: str, close: bool = False) -> None:
         log.warning("admin_socket.bad_request", user=self.user, reason=text)
@@ -274,9 +295,12 @@ class _Handler(BaseHTTPRequestHandler):
             default=_jsonable,
         ).encode()
         code = resp.status if 200 <= resp.status < 600 and resp.status not in (204, 304) else 200
+        self._send(code, payload, "application/json", close)
+
+    def _send(self, code: int, payload: bytes, content_type: str, close: bool = False) -> None:
         try:
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(payload)))
             if close:
                 self.send_header("Connection", "close")

@@ -111,7 +111,7 @@ def test_an_overlong_request_is_refused(brokers: BrokerFactory) -> None:
     sentinel.check()
 
 
-def test_health_wrong_paths_methods_and_non_http_get_json_answers(brokers: BrokerFactory) -> None:
+def test_health_metrics_wrong_paths_methods_and_non_http_get_answers(brokers: BrokerFactory) -> None:
     b = with_socket(brokers)
     conn = UnixHTTPConnection(sock_path(b), 5)
     try:
@@ -119,6 +119,13 @@ def test_health_wrong_paths_methods_and_non_http_get_json_answers(brokers: Broke
         r = conn.getresponse()
         health = json.loads(r.read())
         assert (r.status, r.getheader("Content-Type"), health["body"]["broker"]) == (200, "application/json", b.name)
+        request(sock_path(b), "CREATE", "queue", "counted")
+        conn.request("GET", "/metrics")  # Prometheus text, without --metrics-port
+        r = conn.getresponse()
+        text = r.read().decode()
+        assert r.status == 200 and r.getheader("Content-Type", "").startswith("text/plain")
+        assert 'understudy_broker_role{role="standalone"} 1.0' in text
+        assert 'understudy_queue_depth{queue="counted"} 0.0' in text
         for method, path, status in (("GET", "/nope", 404), ("GET", "/management", 405), ("DELETE", "/health", 501)):
             conn.request(method, path)
             r = conn.getresponse()
