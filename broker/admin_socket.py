@@ -42,7 +42,6 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from broker.config import UNIX_SOCKET_PATH_MAX
 from broker.log import get_logger
 from broker.management import Request, Response
 
@@ -85,6 +84,9 @@ class AdminSocket:
     # ----- lifecycle ----------------------------------------------------------------------------------------
     def open(self) -> None:
         """Bind and listen (before the reactor runs, so a bad path stops the start-up with a clear error)."""
+        # Imported here: ha-admin imports this module for its client only, and needs no configuration model.
+        from broker.config import UNIX_SOCKET_PATH_MAX
+
         if len(os.fsencode(self.path)) > UNIX_SOCKET_PATH_MAX:
             raise AdminSocketError(
                 f"{self.path}: longer than {UNIX_SOCKET_PATH_MAX} bytes (a Unix socket limit)"
