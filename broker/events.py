@@ -110,6 +110,7 @@ FIELDS: Final = _fields(
     Field("arguments", D, "declare or bind arguments", nullable=True),
     Field("backlog", N, "messages sent to that backup and not yet acknowledged"),
     Field("backup", S, "a backup's broker id"),
+    Field("batches", N, "a number of replication batches"),
     Field("bindings", N, "bindings recovered"),
     Field("brokers_url", S, "the HA brokers URL (`--ha-brokers-url`): every broker of the cluster"),
     Field("bytes", N, "a number of bytes"),
@@ -401,6 +402,11 @@ _EVENTS: tuple[Event, ...] = (
           "could not be applied; for a damaged batch nothing of it was applied and the browser is attached again. "
           "(primary: with `backup`, an acknowledgement it could not read)",
           (_o("queue"), _o("position"), _o("backup"), U("description"))),
+    Event("ha.transaction.discarded", _WARN, _H, "(backup) the connection to the primary ended (or a queue's "
+          "replication did) while parts of replicated transactions were held waiting for the rest: none of them "
+          "was applied or acknowledged (a backup applies a transaction all or none, docs/transactions.md)",
+          (U("primary"), U("count", "incomplete transaction units (the commits of one pass of the primary)"),
+           U("batches", "replication batches held and dropped, parts and what waited behind them"))),
     Event("ha.wiring.error", _ERR, _H, "(backup) a mirrored object could not be created",
           (U("type"), U("name"), U("description"))),
     Event("ha.membership.invalid", _ERR, _H, "(backup) the primary sent an unreadable membership list",

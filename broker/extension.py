@@ -70,6 +70,10 @@ class Extension:
         later)."""
         return False
 
+    def committed(self, queues: list[Queue]) -> None:
+        """A transaction was committed in this pass: it enqueued to or dequeued from `queues` (each once), all of it
+        now (broker.transactions). Called before its discharge is held."""
+
     def may_settle(self) -> bool:
         """Checked before each batch of client settlements; while False they wait (retried every 50 ms)."""
         return True

@@ -212,6 +212,9 @@ class Transactions:
                         description=e.description)
             coordinator.refuse(d, ROLLBACK, f"the transaction was rolled back: {e.description}")
             return
+        touched = list(dict.fromkeys([*(q for q, _ in routed), *dequeued]))
+        for ext in self.server.extensions:
+            ext.committed(touched)
         c = Completion(coordinator, d)
         if routed:
             for ext in self.server.extensions:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from proton import Endpoint, Message
 
 from broker.engine import Conn, raw
-from broker.errors import WiringError
+from broker.errors import BatchError, WiringError
 from broker.log import get_logger
 from broker.options import QUEUE_ARGUMENTS, QueueOptions, normalize
 from broker.queue import Queue
@@ -32,6 +32,7 @@ from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.idset import PositionSet
 from ha.core.membership import Membership
 from ha.core.states import HaState, Role
+from ha.core.txnparts import TxnParts, TxnPartsError
 from ha.replica import QueueReplicator
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class Backup:
         self.pending_acks: dict[str, PositionSet] = {}  # queue -> positions applied, not yet acknowledged
         self.dequeue_acks = False  # the primary reads version-2 acknowledgements: dequeues are acknowledged too
         self.pending_dequeues: dict[str, PositionSet] = {}  # queue -> dequeue ranges applied, not yet acknowledged
+        # Version-3 transaction parts held until their unit is whole, and what waits behind them (ha.core.txnparts)
+        self.txn_parts: TxnParts[tuple[QueueReplicator, list[B.Record]]] = TxnParts()
         self.wiring_ready = False
         self._reconnect_task: Any = None
         self._attempt_address: str | None = None
@@ -201,6 +204,10 @@ class Backup:
         self.pending.clear()
         self.pending_acks.clear()
         self.pending_dequeues.clear()
+        units, batches = self.txn_parts.clear()
+        if units:
+            # Nothing of them was applied or acknowledged: the primary's clients never saw those commits settle.
+            log.warning("ha.transaction.discarded", primary=self.primary_name, count=units, batches=batches)
         self.ack_link = None
         self.dequeue_acks = False
         self.events_buffer = None
@@ -565,6 +572,25 @@ class Backup:
         r = self.replicators.pop(name, None)
         if r is not None:
             r.close()
+            self.replicator_ended(name)
+
+    def txn_part(self, r: QueueReplicator, records: list[B.Record]) -> None:
+        """A batch that is a transaction part, or that arrived while parts are held: apply what may be applied now
+        (ha.core.txnparts). Raises BatchError for parts that contradict each other (a broken primary)."""
+        try:
+            ready = self.txn_parts.arrive(r.queue.name, (r, records), B.txn_parts(records))
+        except TxnPartsError as e:
+            raise BatchError(str(e)) from None
+        for _, (rep, recs) in ready:
+            if not rep.closed:
+                rep.apply(recs)
+
+    def replicator_ended(self, name: str) -> None:
+        """A queue's replication link ended on its own. With a transaction unit incomplete, its missing part may
+        never come (and what is held of this queue would be applied after a fresh catch-up): start again, which
+        discards the incomplete units whole."""
+        if self.txn_parts.holding and self.connected:
+            self._lost(f"replication of queue {name} ended with a transaction incomplete")
 
     def acked(self, queue: str, positions: list[int]) -> None:
         ps = self.pending_acks.get(queue)

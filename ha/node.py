@@ -94,6 +94,10 @@ class HaNode(Extension):
     def hold_accept(self, token: AcceptToken, queue: Queue) -> bool:
         return self.primary is not None and self.primary.hold_accept(token, queue)
 
+    def committed(self, queues: list[Queue]) -> None:
+        if self.primary is not None:
+            self.primary.committed(queues)
+
     def may_settle(self) -> bool:
         if self.coordinated is not None and not self.coordinated.may_settle():
             return False

@@ -28,6 +28,7 @@ from broker.queue import Entry, Queue
 from broker.server import Server
 from broker.wiring import WiringEvent
 from ha import protocol as P
+from ha.core.batch import VERSION_TXN
 from ha.core.catchup import BackupCatchup, plan_catchup
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.guards import GuardBook
@@ -74,6 +75,9 @@ class Primary:
         self.watches: dict[str, QueueWatch] = {}
         self._replicated: dict[Queue, bool] = {}
         self.changed: list[QueueWatch] = []  # watches with news this pass
+        # Queues that transactions committed in this pass touched: one transaction unit (ha.core.batch version 3)
+        self.txn_queues: dict[str, None] = {}
+        self.txn_units = itertools.count(1)
         self.to_run: set[ReplicatingSender] = set()  # senders with work this pass
         self.timed_out: list[str] = []
         self._timer: Any = None
@@ -381,6 +385,29 @@ class Primary:
                                          "backlog": backlog, "sample_rate": rate})
 
     # ----- once per pass ----------------------------------------------------------------------------------------
+    def committed(self, queues: list[Queue]) -> None:
+        """A transaction committed in this pass touched `queues`: the replicated ones join this pass's unit."""
+        if self.backups:
+            for q in queues:
+                if self.replicated(q) and q.name in self.watches:
+                    self.txn_queues[q.name] = None
+
+    def _mark_unit(self) -> None:
+        """The transactions of this pass are one unit: every browser of a touched queue that writes version 3 sends
+        its part (ha.core.batch "X"), counted per backup (the browsers it has), with all of the pass's records."""
+        names, self.txn_queues = list(self.txn_queues), {}
+        unit = next(self.txn_units)
+        for b in self.backups.values():
+            senders = []
+            for name in names:
+                w = self.watches.get(name)
+                s = w.senders.get(b.name) if w is not None else None
+                if s is not None and not s.closed and s.version >= VERSION_TXN:
+                    senders.append(s)
+            for s in senders:
+                s.txn_part(unit, len(senders))
+                self.to_run.add(s)
+
     def end_of_pass(self) -> bool:
         """Hand each queue's news of this pass to its browsers, release guards of dequeued messages, and let every
         browser with work send one batch. True when anything happened (the server settles what was released)."""
@@ -389,6 +416,9 @@ class Primary:
             changed, self.changed = self.changed, []
             for w in changed:
                 w.flush()
+            did = True
+        if self.txn_queues:
+            self._mark_unit()
             did = True
         if self.to_run:
             senders, self.to_run = self.to_run, set()

@@ -2,7 +2,9 @@
 
 Batches (ha.core.batch) are checked whole before anything is applied; a bad one is logged, the link closed and
 attached again with what the backup holds, so the primary sends what is missing: nothing lost, nothing twice. The
-per-message format of older primaries (ha.protocol tags) is applied too.
+per-message format of older primaries (ha.protocol tags) is applied too. A transaction part (batch format version 3)
+and what arrives behind it on its queue wait in the Backup's `TxnParts` until every part of its unit has come: a
+backup applies a transaction all or none.
 """
 
 from __future__ import annotations
@@ -86,7 +88,12 @@ class QueueReplicator:
             return
         try:
             if self.batch:
-                self._apply_batch(data)
+                records = B.parse(data, self.max_message)
+                # A part of a transaction unit (version 3), or a batch that may have to wait behind one
+                if self.backup.txn_parts.holding or (records and type(records[0]) is B.TxnPart):
+                    self.backup.txn_part(self, records)
+                else:
+                    self.apply(records)
             else:
                 self._apply_message(d, data)
         except BatchError as e:
@@ -112,16 +119,17 @@ class QueueReplicator:
         if not self.closed:  # the pointer is valid while the link is (an unsettled delivery is not recycled)
             raw.delivery_settle(d)
 
-    def _apply_batch(self, data: bytes) -> None:
-        records = B.parse(data, self.max_message)
+    def apply(self, records: list[B.Record]) -> None:
+        """Apply a parsed batch (a transaction part's "X" records say nothing more here)."""
         q = self.queue
         if q.deleted:
             return
         entries = q.entries
         applied: list[int] = []
         for r in records:
-            if type(r) is not tuple:  # version 2: acquired, released, the duplicate window
-                self._apply_state(q, r)  # type: ignore[arg-type]
+            if type(r) is not tuple:  # version 2: acquired, released, the duplicate window; version 3: "X"
+                if type(r) is not B.TxnPart:
+                    self._apply_state(q, r)  # type: ignore[arg-type]
             elif len(r) == 2:
                 q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc, arg-type]
                 self.backup.dequeue_applied(q.name, r[0], r[1])  # type: ignore[misc, arg-type]
@@ -201,6 +209,7 @@ class QueueReplicator:
 
     def _fail(self, condition: str, description: str) -> None:
         self.close_with(condition, description)
+        self.backup.replicator_ended(self.queue.name)
         if self.backup.replicators.get(self.queue.name) is self:
             del self.backup.replicators[self.queue.name]
             self.backup.server.schedule(0.5, lambda: self.backup._maybe_replicate(self.queue))
@@ -221,6 +230,8 @@ class QueueReplicator:
         self.backup.server.engine.remove_fast(self.link)
         if event.link.state & Endpoint.LOCAL_ACTIVE:
             event.link.close()
+        if self.backup.replicators.get(self.queue.name) is self:
+            self.backup.replicator_ended(self.queue.name)  # may start the connection again: then it is gone
         if self.backup.replicators.get(self.queue.name) is self:
             del self.backup.replicators[self.queue.name]
             # A recreated queue (uuid changed) is picked up again by the wiring events; retry others shortly.

@@ -23,7 +23,7 @@ from broker.log import get_logger
 from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReason, Entry, Queue
 from ha import protocol as P
 from ha.core.accepts import AcceptGroup, DequeueWaits
-from ha.core.batch import ENQUEUE, VERSION_MAX, BatchWriter, is_binary_acks, parse_acks
+from ha.core.batch import ENQUEUE, BatchWriter, is_binary_acks, negotiate, parse_acks
 from ha.core.idset import PositionSet
 
 if TYPE_CHECKING:
@@ -207,10 +207,13 @@ class ReplicatingSender(LinkHandler):
         self.catchup_logged = False
         # Version 2 (the backup offered it): acquisitions, releases and the duplicate window travel too. The first
         # batch replaces the backup's window and marks what consumers hold now; the rest follows pass by pass.
-        offered = (link.remote_properties or {}).get(P.LINK_BATCH_MAX)
-        self.version = min(offered, VERSION_MAX) if batch and isinstance(offered, int) and offered >= 2 else 1
+        self.version = negotiate(batch, (link.remote_properties or {}).get(P.LINK_BATCH_MAX))
         self.state_ops: list[StateOp] = []
         self.window: list[tuple[bytes, float]] | None = None
+        # Version 3: transaction units this browser's next batch is a part of, and the highest live position that
+        # batch must hold (every live message up to it, whatever the bytes bounds): see Primary._mark_unit.
+        self.txn_units: list[tuple[int, int]] = []
+        self.txn_top = 0
         if self.version >= 2:
             link.properties = {**(link.properties or {}), P.LINK_BATCH_MAX: self.version}
             held = [e.position for e in queue.entries.values() if e.state == ACQUIRED]
@@ -230,6 +233,13 @@ class ReplicatingSender(LinkHandler):
         if not self.qc.done and gone.min() <= self.snapshot_max:
             self.qc.dequeued(gone)
         self.dequeues = self.dequeues.union(gone)
+
+    def txn_part(self, unit: int, parts: int) -> None:
+        """The next batch is part of transaction unit `unit` (of `parts` parts on this backup): it carries every
+        dequeue and live message gathered so far."""
+        self.txn_units.append((unit, parts))
+        if self.live:
+            self.txn_top = max(self.txn_top, self.live[-1].position)
 
     def acknowledged(self, positions: PositionSet) -> None:
         self.acks = self.acks.union(positions) if self.acks else positions
@@ -300,6 +310,12 @@ class ReplicatingSender(LinkHandler):
         limit = self.limit
         version = self.version
         w = BatchWriter(limit, version)
+        txn_top = 0
+        if self.txn_units:  # first in the batch; all of the unit's records of this queue go in this one batch
+            for unit, unit_parts in self.txn_units:
+                w.txn(unit, unit_parts)
+            self.txn_units = []
+            txn_top, self.txn_top = self.txn_top, 0
         if self.window is not None:
             w.window(self.window)
             self.window = None
@@ -314,11 +330,11 @@ class ReplicatingSender(LinkHandler):
             pack, head_size = ENQUEUE.pack, ENQUEUE.size
             parts, size, count = w.parts, w.size, w.count
             top = nbytes = 0
-            while live and room > 0:
+            while live and (room > 0 or live[0].position <= txn_top):
                 e = live.popleft()
                 if e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position)):
                     continue  # dequeued meanwhile (paged out, read back and consumed): its dequeue range goes instead
-                if size >= limit:
+                if size >= limit and e.position > txn_top:  # never splits a transaction's part
                     w.size, w.count = size, count
                     self._send_live(w, top, nbytes)
                     top = nbytes = 0
