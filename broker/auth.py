@@ -23,6 +23,12 @@ the authenticated identity decides what it gets; the properties never grant anyt
   `admin = true`, the replication user, or anyone without a users file. A non-admin asking gets `client` (a tool
   such as `ha-status` asks for `admin` by default and may still read).
 - everything else is `client`.
+
+Certificates (`--sasl-mechanisms EXTERNAL`, with `--ssl-require-client-cert`): a client that logs in with SASL
+EXTERNAL is the user named by its certificate's subject CN (`CN=backup1,O=Example` -> `backup1`); that name is
+checked like any other: the replication user when it equals `--ha-username` (brokers then log in to each other with
+their certificates, no password), an admin when the users file says `admin = true` for it, and the name ACL rules
+match.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any
 from broker.client import KIND_PROPERTY  # the connection property a peer asks for a role with
 
 __all__ = ["ANONYMOUS", "KIND_PROPERTY", "Admission", "Kind", "SaslSetup", "Trust", "User", "UsersFileError", "admit",
-           "load_users"]
+           "certificate_name", "load_users", "login_name"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 ANONYMOUS = "anonymous"  # the user name proton reports for a SASL ANONYMOUS login: never a users-file name
@@ -175,6 +181,24 @@ def asked_kind(properties: Mapping[Any, Any] | None) -> str:
     """The kind a connection asks for, as text: `client` when absent; anything else verbatim (it is only logged)."""
     v = (properties or {}).get(KIND_PROPERTY, Kind.CLIENT.value)
     return v if isinstance(v, str) else repr(v)[:64]
+
+
+def certificate_name(subject: str) -> str:
+    """The user a certificate logs in as: the CN of its subject (proton gives `CN=a,O=b` or `/CN=a/O=b`), else
+    the whole subject."""
+    for part in re.split(r"[,/]", subject):
+        key, _, value = part.strip().partition("=")
+        if key.strip().upper() == "CN" and value.strip():
+            return value.strip()
+    return subject
+
+
+def login_name(transport: Any) -> str | None:
+    """Who logged in on `transport`: the SASL user, or for EXTERNAL the name of the client certificate."""
+    user = transport.user
+    if user and transport.sasl().mech == "EXTERNAL":
+        return certificate_name(str(user))
+    return str(user) if user is not None else None
 
 
 def admit(trust: Trust, user: str | None, properties: Mapping[Any, Any] | None) -> Admission:

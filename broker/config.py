@@ -31,7 +31,7 @@ from pydantic_settings import (
 )
 
 ENV_PREFIX = "UNDERSTUDY_"
-VALID_MECHS = ("ANONYMOUS", "PLAIN")
+VALID_MECHS = ("ANONYMOUS", "PLAIN", "EXTERNAL")  # EXTERNAL: a TLS client certificate (broker.auth)
 UNIX_SOCKET_PATH_MAX = 107  # bytes: sockaddr_un.sun_path is 108 including the terminating NUL
 
 
@@ -260,10 +260,17 @@ class BrokerConfig(BaseSettings):
                              f"names {others} other broker{'s' if others != 1 else ''}")
         if self.ha_coordinator == Coordinator.ZOOKEEPER and not self.zk_hosts:
             raise ValueError("--ha-coordinator zookeeper needs --zk-hosts")
-        if (self.ha_username is None) != (self.ha_password is None):
+        if "EXTERNAL" in self.sasl_mechanisms and not self.ssl_require_client_cert:
+            raise ValueError("--sasl-mechanisms EXTERNAL needs --ssl-require-client-cert (the client certificate is "
+                             "the login)")
+        if self.ha_password is not None and self.ha_username is None:
             raise ValueError("--ha-username and --ha-password go together")
+        if self.ha_username is not None and self.ha_password is None and not (
+                "EXTERNAL" in self.sasl_mechanisms and self.ssl_cert is not None):
+            raise ValueError("--ha-username needs --ha-password, or (brokers logging in with their certificates) "
+                             "--sasl-mechanisms EXTERNAL with --ssl-cert/--ssl-key")
         # Who may replicate is who logs in as --ha-username (broker.auth.admit): with a users file, nobody else.
-        if self.ha_username is not None and "PLAIN" not in self.sasl_mechanisms:
+        if self.ha_username is not None and self.ha_password is not None and "PLAIN" not in self.sasl_mechanisms:
             raise ValueError("--ha-username needs PLAIN in --sasl-mechanisms (brokers log in with it)")
         if self.ha_cluster and self.users_file is not None and self.ha_username is None:
             raise ValueError("--ha-cluster with --users-file needs --ha-username and --ha-password: backups log in "

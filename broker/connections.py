@@ -15,7 +15,7 @@ from proton import Condition, Endpoint, Link, Terminus
 from broker import __version__
 from broker.access import AccessDenied
 from broker.attach import MANAGEMENT
-from broker.auth import Admission, Kind, SaslSetup, Trust, admit
+from broker.auth import Admission, Kind, SaslSetup, Trust, admit, login_name
 from broker.engine import Conn
 from broker.errors import LinkError, Refusal, WiringError
 from broker.links import ConsumerLink, LinkHandler, PublisherLink
@@ -109,7 +109,7 @@ class Connections:
         st = ConnectionState(conn)
         conn.state = st
         st.remote = conn.remote
-        st.user = event.transport.user if event.transport else None
+        st.user = login_name(event.transport) if event.transport else None
         props = c.remote_properties or {}
         st.properties = dict(props)
         # The role comes from who logged in; the properties only ask (broker.auth.admit).

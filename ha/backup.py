@@ -158,8 +158,8 @@ class Backup:
         self.connected = False
         self._attempt_address = f"{host}:{port}"
         self.conn = self.server.engine.connect(
-            host, port, self, properties=props, user=user, password=self.config.ha_password,
-            mechanisms="PLAIN" if user else None, heartbeat=self.config.ha_heartbeat,
+            host, port, self, properties=props, user=user if self.config.ha_password is not None else None,
+            password=self.config.ha_password, mechanisms=_mechanism(self.config), heartbeat=self.config.ha_heartbeat,
             ssl_domain=self.server.ssl_client)
         # A dead host (link down, no RST) would leave the TCP connect hanging: give each attempt a deadline.
         conn = self.conn
@@ -623,3 +623,9 @@ class Backup:
             self.node.set_state(HaState.READY, f"caught up with {self.primary_name}")
 
 
+def _mechanism(config: Any) -> str | None:
+    """How a backup logs in to its primary: PLAIN as the replication user with its password, or EXTERNAL with its
+    certificate (whose CN is the replication user) when there is no password (broker.auth)."""
+    if config.ha_username is None:
+        return None
+    return "PLAIN" if config.ha_password is not None else "EXTERNAL"

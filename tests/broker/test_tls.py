@@ -226,3 +226,32 @@ def test_bad_tls_settings_stop_the_start_with_exit_2_and_a_message(case: str, ce
     line = r.stderr.strip()
     assert line.startswith("ha-broker: ") and all(p in line for p in parts), line
     assert "Traceback" not in r.stderr
+
+
+# ----- SASL EXTERNAL: the client certificate is the login ------------------------------------------------------
+def test_a_certificate_login_is_the_user_its_cn_names(factory: BrokerFactory, certs: Certs, tmp_path: Path) -> None:
+    """`client` (the CN of the client certificate) is an admin in the users file; the server certificate (CN
+    `localhost`) used as a client certificate is nobody's: it may publish but not change wiring."""
+    users = tmp_path / "users.toml"
+    users.write_text('[users.client]\npassword = "unused-here"\nadmin = true\n')
+    b = factory(*tls_flags(certs, "--ssl-require-client-cert", "--sasl-mechanisms", "EXTERNAL",
+                           "--users-file", str(users)), name="external")
+    admin_cert = domain(certs.ca, certs.client, certs.client_key)
+    with ManagementClient(b.url, 10, ssl_domain=admin_cert) as m:  # type: ignore[arg-type]
+        m.call("CREATE", "queue", "by-certificate", {})
+    other_cert = domain(certs.ca, certs.server, certs.server_key)
+    with ManagementClient(b.url, 10, ssl_domain=other_cert) as m:  # type: ignore[arg-type]
+        with pytest.raises(ManagementError) as e:
+            m.call("CREATE", "queue", "not-allowed", {})
+        assert "403" in str(e.value) or "admin" in str(e.value)
+    store(b.url, other_cert, "by-certificate", ["x"])
+    users_seen = {e["user"] for e in b.events() if e.get("event") == "connection.opened"}
+    assert {"client", "localhost"} <= users_seen
+
+
+def test_external_without_required_client_certificates_is_refused_at_start(factory: BrokerFactory,
+                                                                            certs: Certs) -> None:
+    b = factory(*tls_flags(certs, "--sasl-mechanisms", "EXTERNAL"), name="external-bad", start=False)
+    b.start(wait=False)
+    assert b.proc is not None and b.proc.wait(30) == 2
+    assert "--sasl-mechanisms EXTERNAL needs --ssl-require-client-cert" in b.stderr_file.read_text()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Message
+from proton import ConnectionException, Message
 
 from broker.client import ManagementClient, ManagementError, connect
 from broker.tls import ClientTls, client_domain
@@ -145,3 +145,21 @@ def test_a_backup_that_fails_the_tls_check_does_not_join_and_both_sides_say_why(
                          for e in c[0].events()), 10, what="the primary to log the refusal")
     st = backup_ops.status(c[1])
     assert st is not None and st["state"] == "joining"
+
+
+def test_brokers_log_in_to_each_other_with_their_certificates(cluster: Make, certs: Certs) -> None:
+    """No password anywhere: the replication user is the CN of the brokers' certificate (`localhost`), and a client
+    certificate asking to be a backup is refused."""
+    c = cluster(2, *flags(certs), "--sasl-mechanisms", "EXTERNAL", "--ha-username", "localhost")
+    ops = TlsOps(certs)
+    c.start()
+    assert ops.admin(c[0], "promote").returncode == 0
+    ops.wait_state(c[0], "active")
+    ops.wait_state(c[1], "ready")
+    backups = [e for e in c[0].events() if e.get("event") == "connection.opened" and e.get("kind") == "ha"]
+    assert backups and {e["user"] for e in backups} == {"localhost"}
+    with pytest.raises(ConnectionException, match="unauthorized-access"):
+        connect(c[0].url, 5, "ha", None, None, client_domain(ops.tls)).close()
+    refused = wait_for(lambda: [e for e in c[0].events() if e.get("event") == "access.refused"], 5,
+                       what="access.refused")
+    assert refused[0]["user"] == "client" and "may not connect as a backup" in refused[0]["description"]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.auth import ANONYMOUS, KIND_PROPERTY, Kind, Trust, User, admit
+from broker.auth import ANONYMOUS, KIND_PROPERTY, Kind, Trust, User, admit, certificate_name
 
 USERS = {
     "alice": User("alice", "a", admin=True),
@@ -108,3 +108,10 @@ def test_whatever_the_properties_the_role_is_one_the_identity_has(trust: str, us
 def test_asked_kind_is_text_whatever_the_value(props: dict[Any, Any]) -> None:
     value = props.get(KIND_PROPERTY, "client")
     assert admit(SECURED, "bob", props).asked == (value if isinstance(value, str) else repr(value)[:64])
+
+
+@pytest.mark.parametrize(("subject", "name"), [("CN=client", "client"), ("CN=backup1,O=Example", "backup1"),
+                                               ("O=Example, CN=b2", "b2"), ("/O=Example/CN=b3", "b3"),
+                                               ("O=Example", "O=Example")])
+def test_a_certificate_logs_in_as_its_cn(subject: str, name: str) -> None:
+    assert certificate_name(subject) == name
