@@ -42,7 +42,7 @@ def digest(events: DataFrame) -> DataFrame:
     Rows of three kinds, told apart by which columns are set:
     - ``lag`` set: valid ``ha.lag`` samples of one (broker, hour, queue, backup, lag value): ``lines``, summed
       ``weight``, ``backlog`` peak;
-    - ``rare`` set: one other valid event, whole (a struct of ``RARE_FIELDS``);
+    - ``rare`` set: one other valid event, whole (a struct of ``RARE_FIELDS``), keyed by a unique ``rare_id``;
     - neither: a count of lines per (quality, event), per ``file`` for bad lines.
     Every row has ``quality``, ``event`` and ``lines``; ``last_ts`` is the latest ``ts`` of its valid lines.
     """
@@ -51,16 +51,17 @@ def digest(events: DataFrame) -> DataFrame:
     is_lag = ok & (F.col("event") == "ha.lag")
     is_rare = ok & (F.col("event") != "ha.lag")
     return (
-        events.withColumn("row_id", F.monotonically_increasing_id())  # keeps identical rare lines apart
-        .groupBy(
+        events.groupBy(
             "quality",
             "event",
             F.when(bad, F.col("file")).alias("file"),
             F.when(ok, F.col("broker")).alias("broker"),
             *[F.when(is_lag, F.col(c)).alias(c) for c in (*LAG_KEYS, "lag")],
-            F.when(is_rare, F.struct("row_id", *RARE_FIELDS)).alias("rare"),
+            # Keeps identical rare lines apart; a number, not the event itself, is the key: cheaper to hash.
+            F.when(is_rare, F.monotonically_increasing_id()).alias("rare_id"),
         )
         .agg(
+            F.any_value(F.when(is_rare, F.struct(*RARE_FIELDS))).alias("rare"),
             F.count(F.lit(1)).alias("lines"),
             F.sum(F.when(is_lag, F.col("weight"))).alias("weight"),
             F.max(F.when(is_lag, F.col("backlog"))).alias("backlog"),
