@@ -4,16 +4,25 @@ SIGSTOP of the backup, SIGKILL of the primary."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Callable
 
-from proton import Message
+from proton import Message, Timeout
+from proton.utils import BlockingConnection
 
 from tests.support.amqp import connect, drain, mgmt, send
 from tests.support.cluster import Cluster
+from tests.support.procs import wait_for
 from tests.support.txn import Txn
 
 Make = Callable[..., Cluster]
+
+
+def _pump(conn: BlockingConnection, seconds: float) -> None:
+    """Let `conn` do its I/O for `seconds` (a send that waits for nothing is written here)."""
+    with contextlib.suppress(Timeout):
+        conn.wait(lambda: False, timeout=seconds, msg="nothing")
 
 
 def _queues(url: str, *names: str) -> None:
@@ -94,3 +103,40 @@ def test_a_commit_that_accepted_is_settled_once_the_backup_has_the_dequeue_and_n
     c.promote(1)
     c.wait_state(1, "recovering", "active")
     assert drain(c[1].url, "txq") == [4, 5]
+
+
+def test_a_transaction_the_primary_died_sending_is_applied_none_on_the_backup(cluster: Make) -> None:
+    """A commit over two queues whose part for one queue reached the backup and for the other did not (its browser
+    had no credit: the backup was stopped) leaves nothing of it there: the backup applies a transaction all or
+    none (batch format version 3)."""
+    c = cluster(2, "--ha-flow-messages", "4", heartbeat=4.0)  # credit for 4 batches per queue
+    c.start_with_primary(0)
+    _queues(c[0].url, "ua", "ub")
+    wait_for(lambda: {e["queue"] for e in c[0].events() if e["event"] == "ha.catchup.end"} >= {"ua", "ub"},
+             what="the backup to replicate both queues")
+    c[1].signal(signal.SIGSTOP)
+    try:
+        plain = connect(c[0].url)
+        link = plain.create_sender("ub").link
+        for i in range(8):  # one batch per pass: ub's browser spends its credit (the sends stay unsettled)
+            link.delivery(f"plain{i}")
+            link.send(Message(body=f"plain{i}").encode())
+            link.advance()
+            _pump(plain, 0.1)
+        conn = connect(c[0].url)
+        a, b = conn.create_sender("ua"), conn.create_sender("ub")
+        txn = Txn(conn)
+        txn.send(a, Message(body="ta"))
+        txn.send(b, Message(body="tb"))
+        txn.start_commit()
+        assert txn.answered(1.0) is None
+        c[0].kill()  # ua's part is on its way, ub's was never sent
+    finally:
+        c[1].signal(signal.SIGCONT)
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    assert drain(c[1].url, "ua") == []
+    got = drain(c[1].url, "ub")  # what ub's browser sent before its credit ran out, without the transaction's
+    assert "tb" not in got and got[:4] == [f"plain{i}" for i in range(4)], got
+    discarded = [e for e in c[1].events() if e["event"] == "ha.transaction.discarded"]
+    assert [(e["count"], e["batches"] >= 1) for e in discarded] == [(1, True)]
