@@ -262,6 +262,22 @@ class Connections:
                 n += 1
         return n
 
+    def close_clients(self, condition: str, description: str) -> int:
+        """Close every client connection (the broker stopped being the primary): its links first, so that nothing
+        arriving on them afterwards reaches a queue. Returns how many."""
+        n = 0
+        for st in self.states():
+            if st.kind != "client":
+                continue
+            for h in list(st.links):
+                self.close_link(h.link, condition, description)
+            c = st.connection
+            if c.state & Endpoint.LOCAL_ACTIVE:
+                c.condition = Condition(condition, description)
+                c.close()
+                n += 1
+        return n
+
     def _refuse_link(self, link: Link, st: ConnectionState, condition: str, description: str,
                      access: bool = False, logged: bool = False) -> None:
         addr = (link.remote_target if link.is_receiver else link.remote_source).address

@@ -99,6 +99,8 @@ class HaNode(Extension):
             self.primary.committed(queues)
 
     def may_settle(self) -> bool:
+        if self.primary is None:  # only a primary answers clients (a backup has nothing of theirs to settle)
+            return False
         if self.coordinated is not None and not self.coordinated.may_settle():
             return False
         return self._enough_backups()
@@ -267,9 +269,9 @@ class HaNode(Extension):
         assert self.primary is not None
         self.primary.uninstall()
         self.primary = None
-        for st in list(self.server.conns.values()):
-            if st.kind == "client" and st.connection.state & 2:
-                st.connection.close()
+        # Clients go now, links first: an outcome or a transfer still on its way (a link cut and healed) must not
+        # touch what is now a replica (a consumer's accept would dequeue here, and be confirmed, on a backup).
+        self.server.connections.close_clients("amqp:connection:forced", f"{self.server.id} stepped down: {reason}")
         self.set_state(HaState.JOINING, reason)
         self._become_backup()
 

@@ -5,6 +5,7 @@ whatever fails over. Real broker processes, SIGSTOP and SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 import time
@@ -123,3 +124,25 @@ def test_a_backup_that_does_not_acknowledge_dequeues_does_not_hold_accepts(clust
         assert time.monotonic() - t0 < 3.0
     finally:
         c[1].signal(signal.SIGCONT)
+
+
+def test_an_accept_reaching_a_primary_after_it_stepped_down_is_neither_applied_nor_answered(cluster: Make) -> None:
+    """Found by the 1000-fault soak: a primary cut off, demoted, then reached by a consumer's accept that was on its
+    way (the link healed) dequeued the message on what was now a replica and confirmed the accept."""
+    c = cluster(2)
+    c.start_with_primary(0)
+    conn = _filled(c, "late", 3)
+    r = conn.create_receiver("late", credit=0, name="late-consumer", options=SettleSecond())
+    r.link.flow(1)
+    conn.wait(lambda: r.fetcher.has_message >= 1, timeout=10, msg="a message")
+    assert r.fetcher.pop().body == 0
+    d = r.fetcher.unsettled.popleft()
+    # The primary steps down while our accept has not left yet (the client has not run its I/O since).
+    assert c.admin(c[0], "demote").returncode == 0
+    c.wait_state(0, "joining", "catchup", "ready")
+    d.update(Delivery.ACCEPTED)  # goes out with the next I/O, together with reading the broker's close
+    with contextlib.suppress(Exception):
+        conn.wait(lambda: d.settled, timeout=2.0)
+    assert not d.settled, "a broker that is no longer the primary answered an accept"
+    with mgmt(c[0].url) as m:
+        assert m.call("READ", "queue", "late").body["depth"] == 3  # the replica kept the message
