@@ -103,19 +103,19 @@ class HaNode(Extension):
             return False
         if self.coordinated is not None and not self.coordinated.may_settle():
             return False
-        return self._enough_backups()
+        return self._enough_backups(self.primary)
 
-    def _enough_backups(self) -> bool:
+    def _enough_backups(self, primary: Primary) -> bool:
         """--ha-min-ready-backups: a primary with fewer ready backups holds clients' settlements (logged once per
         hold); a timeout is the client's own (docs/replication.md)."""
-        short = self.primary.settle_shortfall() if self.primary is not None else None
+        short = primary.settle_shortfall()
         if short is not None:
             if self.held_since is None:
                 self.held_since = time.time()
                 log.warning("ha.settle.held", ready=short[0], required=short[1])
             return False
         if self.held_since is not None:
-            log.info("ha.settle.resumed", ready=self.primary.ready_backups() if self.primary else 0,
+            log.info("ha.settle.resumed", ready=len(primary.ready_names()),
                      required=self.config.ha_min_ready_backups, held_seconds=round(time.time() - self.held_since, 3))
             self.held_since = None
         return True

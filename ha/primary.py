@@ -341,14 +341,11 @@ class Primary:
                 held = True
         return held
 
-    def ready_backups(self) -> int:
-        return sum(1 for b in self.backups.values() if b.state == HaState.READY)
-
     def settle_shortfall(self) -> tuple[int, int] | None:
         """(ready, required) while fewer backups are ready than --ha-min-ready-backups, else None."""
         need = self.config.ha_min_ready_backups
         if need:
-            ready = self.ready_backups()
+            ready = len(self.ready_names())
             if ready < need:
                 return ready, need
         return None
