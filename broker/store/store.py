@@ -260,7 +260,8 @@ class Store(Extension):
         self.waiting: list[Completion] = []  # durable deliveries of this pass
         self.after: list[Callable[[], None]] = []  # callbacks for when this pass's records are on disk
         self.tickets: deque[tuple[int, list[Completion], list[Callable[[], None]]]] = deque()
-        self.dequeues: dict[int, list[int]] = {}  # qid -> positions dequeued this pass
+        self.dequeues: dict[int, list[int]] = {}  # qid -> positions dequeued this pass (written at its end)
+        self.dequeued_top: dict[int, int] = {}  # qid -> the highest of them
         self.segments: list[int] = []  # segment numbers on disk, oldest first
         self.failed: str | None = None  # why durable work is refused (disk full, I/O error)
         self.failures = 0
@@ -404,6 +405,7 @@ class Store(Extension):
                         self.parking.discard(dq)
                         self.journal.append(R.unqueue(st.qid))
                         self.dequeues.pop(st.qid, None)
+                        self.dequeued_top.pop(st.qid, None)
         elif ev.type == "exchange":
             ex = w.exchanges.get(ev.name)
             if ev.kind == "declared" and ex is not None and ex.arguments.get("durable"):
@@ -439,9 +441,16 @@ class Store(Extension):
         st = self.queues.get(queue)
         if st is None:
             return
+        qid = st.qid
+        if entry.position <= self.dequeued_top.get(qid, 0):
+            # The position was dequeued earlier in this pass and is taken again (a backup's catch-up replacing a
+            # message an older epoch gave the same position): its dequeue must precede this record on disk, or
+            # recovery would drop the new message.
+            self._write_dequeues(qid, self.dequeues.pop(qid))
+            del self.dequeued_top[qid]
         j = self.journal
         entry.seg = j.segment << 32 | (j.size + j.pending_bytes)
-        j.append(R.enqueue(st.qid, entry.position, entry.level, flags & _FLAGS, entry.count, entry.expires,
+        j.append(R.enqueue(qid, entry.position, entry.level, flags & _FLAGS, entry.count, entry.expires,
                             entry.data))
         self.journaled.append(entry)
         seg = j.segment
@@ -462,7 +471,10 @@ class Store(Extension):
         st = self.queues.get(queue)
         if st is None:
             return
-        self.dequeues.setdefault(st.qid, []).append(entry.position)
+        qid, pos = st.qid, entry.position
+        self.dequeues.setdefault(qid, []).append(pos)
+        if pos > self.dequeued_top.get(qid, 0):
+            self.dequeued_top[qid] = pos
         seg = loc >> 32
         st.live[seg] -= 1
         if entry.state == PAGED:  # dequeued while on disk only
@@ -496,16 +508,9 @@ class Store(Extension):
             self._journal_windows(False)
         if self.dequeues:
             dq, self.dequeues = self.dequeues, {}
+            self.dequeued_top.clear()
             for qid, positions in dq.items():
-                positions.sort()
-                lo = hi = positions[0]
-                for p in positions[1:]:
-                    if p == hi + 1:
-                        hi = p
-                    else:
-                        self.journal.append(R.dequeue(qid, lo, hi))
-                        lo = hi = p
-                self.journal.append(R.dequeue(qid, lo, hi))
+                self._write_dequeues(qid, positions)
         wrote = self._commit()
         if self.journal.full() and self.failed is None:
             try:
@@ -520,6 +525,18 @@ class Store(Extension):
                 if q.parked:
                     self.parking.add(q)  # the journal could not write them: again once it can
         return wrote
+
+    def _write_dequeues(self, qid: int, positions: list[int]) -> None:
+        """Journal dequeues of one queue as ranges."""
+        positions.sort()
+        lo = hi = positions[0]
+        for p in positions[1:]:
+            if p == hi + 1:
+                hi = p
+            else:
+                self.journal.append(R.dequeue(qid, lo, hi))
+                lo = hi = p
+        self.journal.append(R.dequeue(qid, lo, hi))
 
     def _journal_windows(self, whole: bool) -> None:
         """The ids the pass added to duplicate windows (after the pass's messages: a torn tail may lose an id whose

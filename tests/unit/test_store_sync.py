@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
+from broker.queue import DURABLE, DequeueReason
 from broker.server import Server
 from broker.store import records as R
 from broker.store.journal import INLINE_SYNC_BYTES
+from broker.store.store import read_journal
 
 
 @pytest.fixture
@@ -95,3 +97,24 @@ def test_a_small_commit_behind_a_sync_in_flight_waits_for_the_thread(server: Ser
     while not done and time.monotonic() < deadline:
         server.engine.run_once(0.05)
     assert done == ["ack"] and store.journal.synced == store.journal.ticket
+
+
+def test_a_position_dequeued_and_taken_again_in_one_pass_is_recovered_with_its_new_message(
+        server: Server, tmp_path: Path) -> None:
+    """A backup's catch-up after a failover drops a message an older epoch gave position P and takes the new
+    primary's message at P, often in one pass: the dequeue must be on disk before the new enqueue, or recovery
+    drops a message the cluster acknowledged (found by the whole-cluster-kill soak, seed 188555377)."""
+    store = server.store
+    assert store is not None
+    q, _ = server.wiring.declare_queue("dq", {"durable": True})
+    for pos, body in ((1, b"a"), (2, b"old")):
+        q.enqueue_replica(pos, body, 0, DURABLE, 0, None)
+    store.end_of_pass()
+    q.dequeue_range(2, 2, DequeueReason.REPLICATED)  # the stale message at 2 ...
+    q.enqueue_replica(2, b"new", 0, DURABLE, 0, None)  # ... and the new primary's message at 2, in the same pass
+    q.dequeue_range(1, 1, DequeueReason.REPLICATED)  # an ordinary dequeue of the same pass: still written at its end
+    store.end_of_pass()
+    settle(server)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (msgs,) = image.messages.values()
+    assert {pos: m[4] for pos, m in msgs.items()} == {2: b"new"}
