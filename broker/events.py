@@ -144,6 +144,7 @@ FIELDS: Final = _fields(
     Field("link", S, "a link name"),
     Field("logger", S, "the Python logger's name (`kazoo.client`, `proton`, ...)"),
     Field("members", L, "list of `{name, address, state}`"),
+    Field("names", L, "broker ids (the ready set: backups that hold everything the primary confirmed)"),
     Field("message", S, "the library's message text"),
     Field("message_id", S, "a message's AMQP `message-id` (a string id as it is, any other type as hex of its "
           "window key: type letter `L`/`U`/`B` then the bytes)"),
@@ -429,6 +430,9 @@ _EVENTS: tuple[Event, ...] = (
     Event("ha.zookeeper.election_lost", _INFO, _C, "another broker won the race or bumped the epoch first",
           (U("description", "the failed operations"),)),
     Event("ha.zookeeper.leadership_lost", _WARN, _C, "this broker no longer leads", (U("reason"),)),
+    Event("ha.zookeeper.ready_set", _INFO, _C, "(leader) the ready set of its epoch is in ZooKeeper: the backups "
+          "that hold everything it confirmed; a primary settles nothing before the first of its epoch",
+          (U("epoch"), U("names"))),
     Event("ha.zookeeper.turn_failed", _WARN, _C, "a ZooKeeper round failed; retried with back-off",
           (U("description"),)),
     Event("ha.zookeeper.resign_failed", _WARN, _C, "leaving ZooKeeper cleanly at stop failed (the session's "

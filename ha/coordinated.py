@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from broker.log import get_logger
 from ha.coordination.base import Callbacks, ClusterView, Coordinator, MemberRecord
-from ha.coordination.election import Action, Decision, Reason, decide
+from ha.coordination.election import Action, Decision, decide, restarted_with_newest_store
 from ha.coordination.zookeeper import ZooKeeperCoordinator
 from ha.core.states import HaState
 
@@ -29,6 +29,7 @@ class CoordinatedRole:
         self.coord = coordinator
         self.forced = False
         self.last: Decision | None = None
+        self.published_epoch = 0  # the newest epoch of ours whose ready set the coordinator holds
 
     @classmethod
     def zookeeper(cls, node: HaNode) -> CoordinatedRole:
@@ -64,8 +65,12 @@ class CoordinatedRole:
 
     # ----- the fence --------------------------------------------------------------------------------------------
     def may_settle(self) -> bool:
-        """A primary settles client messages only while it holds the lease (checked on every settle batch)."""
-        return self.node.primary is None or self.coord.holds_lease()
+        """A primary settles client messages only while it holds the lease (checked on every settle batch), and
+        only once the coordinator holds a ready set of its epoch: until then the last one names the brokers of an
+        older epoch, which would be promoted after an outage though they lack what we confirmed
+        (`election.restarted_with_newest_store`)."""
+        n = self.node
+        return n.primary is None or (self.published_epoch >= n.epoch and self.coord.holds_lease())
 
     # ----- callbacks (reactor thread) ---------------------------------------------------------------------------
     def on_view(self, view: ClusterView) -> None:
@@ -99,11 +104,15 @@ class CoordinatedRole:
     def _promote(self, epoch: int) -> None:
         if self.node.primary is not None:
             return
-        newest_store = self.last is not None and self.last.reason == Reason.NEWEST_STORE
+        # From the rule, not from the last decision: that may be a withdrawal the election overtook (a deposed
+        # primary elected again before it saw its own demotion), and refusing leaves the cluster without a primary.
+        newest_store = restarted_with_newest_store(self.record(), self.coord.view())
         ok, text = self.node.promote(forced=self.forced, epoch=epoch, newest_store=newest_store)
         if not ok:
             log.error("ha.coordinator.promote_refused", epoch=epoch, description=text)
             self.coord.withdraw()
+        elif self.node.primary is not None:  # settlements wait until the coordinator holds our epoch's ready set
+            self.ready_set_changed(self.node.primary.ready_names())
         self.forced = False
         self.publish()
 
@@ -111,4 +120,12 @@ class CoordinatedRole:
         self.publish()
 
     def ready_set_changed(self, names: list[str], on_published: Callable[[], None] | None = None) -> None:
-        self.coord.publish_ready_set(names, on_published)
+        """Publish the ready set (a request replaces one not yet carried out: each says the epoch it is of)."""
+        epoch = self.node.epoch
+
+        def published() -> None:
+            self.published_epoch = max(self.published_epoch, epoch)
+            if on_published is not None:
+                on_published()
+
+        self.coord.publish_ready_set(names, published)

@@ -7,10 +7,11 @@ Rules:
 
 - Only *ready* backups contend.  When the cluster is brand new (no election ever happened at this path, and no
   member - including me - has an epoch or any data) every broker contends, so three fresh brokers form a cluster.
-- After an outage of the whole cluster (no leader; brokers back with their journals, none ready yet), a broker
-  contends when its journal says it was the last leader or one of its ready backups in the cluster's newest epoch
-  (its `ready_epoch` is the cluster epoch, and the ready set of that epoch names it or its leader was it): it holds
-  every message confirmed in that epoch. Anyone else waits: a broker with an older store is never promoted over a
+- After an outage of the whole cluster (no leader; brokers back with their journals, none ready yet), or when the
+  primary was deposed with no ready backup, a broker contends when its journal says it was the last leader or one
+  of its ready backups in the newest epoch with a published ready set (its `ready_epoch` is that epoch, and the
+  ready set names it or its leader was it): it holds every message confirmed in that epoch, and no later epoch
+  confirmed anything (a primary settles nothing before it published its epoch's ready set). Anyone else waits: a broker with an older store is never promoted over a
   newer one; if every broker with the newest store stays down, an operator decides (`ha-admin promote --force`).
 - Among candidates, the one with the newest data (epoch, position) takes leadership; ties go to the smallest
   name (`ha.core.epoch.best_candidate`, the same rule the Pacemaker agent uses).  If the last leader published a ready set, only candidates in it may win: a backup the primary dropped
@@ -72,13 +73,17 @@ def cluster_is_new(view: ClusterView, me: MemberRecord) -> bool:
 
 
 def restarted_with_newest_store(me: MemberRecord, view: ClusterView) -> bool:
-    """The whole cluster went down and this broker's journal holds everything confirmed in the newest epoch (when it
-    has just won the election on that ground, the newest epoch before its own)."""
+    """No primary (the whole cluster went down, or the primary was deposed) and this broker's journal holds
+    everything confirmed in the newest epoch in which anything was: the epoch of the last published ready set (a
+    primary settles nothing before it published the ready set of its epoch, `CoordinatedRole.may_settle`), which
+    names this broker or was published by it. The election counter may be higher: an election whose winner never
+    became primary (it refused, or died first) confirmed nothing, and must not leave the cluster without a
+    candidate."""
     won = view.i_am_leader and view.leader == me.name
     if view.leader is not None and not won:
         return False
-    newest = view.epoch - 1 if won else view.epoch
-    return (me.ready_epoch > 0 and me.ready_epoch == newest and view.ready_epoch == newest
+    newest = view.ready_epoch
+    return (newest > 0 and me.ready_epoch == newest
             and (me.name == view.ready_leader or (view.ready_set is not None and me.name in view.ready_set)))
 
 

@@ -362,6 +362,7 @@ class ZooKeeperCoordinator(Coordinator):
         failures = [r for r in self._ops.commit(tx) if isinstance(r, Exception)]
         if failures:
             raise CoordinatorError(f"ready set not written: {failures!r}")
+        log.info("ha.zookeeper.ready_set", epoch=snap.epoch, names=sorted(names))
         self._drop_ready(names)
         if done is not None:
             self._notify(done)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -73,6 +74,18 @@ def check_history(c: Cluster) -> None:
     for w in wins:
         by_epoch.setdefault(w["epoch"], set()).add(w["broker"])
     assert all(len(v) == 1 for v in by_epoch.values()), f"one settling broker per epoch: {by_epoch}"
+    # A primary settles nothing before ZooKeeper holds the ready set of its epoch (else an outage could promote a
+    # broker of an older epoch, which lacks what it confirmed: election.restarted_with_newest_store).
+    published: dict[tuple[str, int], float] = {}
+    for b in c.brokers:
+        for e in b.events():
+            if e["event"] == "ha.zookeeper.ready_set":
+                key = (e["broker"], e["epoch"])
+                published.setdefault(key, datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp())
+    for w in wins:
+        at = published.get((w["broker"], w["epoch"]))
+        assert at is not None and at <= w["first_ts"], \
+            f"{w['broker']} settled in epoch {w['epoch']} before its ready set was published ({at}): {w}"
 
 
 def test_new_cluster_forms_by_itself_and_failover_is_fast(zk: ZkTest, brokers: BrokerFactory) -> None:

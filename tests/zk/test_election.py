@@ -260,6 +260,13 @@ def _joining(name: str, ready_epoch: int, position: int = 100) -> MemberRecord:
         ("b2", 2, {}, Action.WITHDRAW),  # its store is from an older epoch
         ("b2", 3, {"ready_epoch": 2}, Action.WITHDRAW),  # the ready set is older than the epoch: unknown
         ("b2", 3, {"leader": "b1"}, Action.WITHDRAW),  # someone leads: nothing to restart
+        # An election was won since, but its winner never published a ready set (it refused to promote, or died
+        # first): it confirmed nothing, so epoch 3's stores are still the newest (the 1000-fault soak's stop: a
+        # deposed primary, alone in its ready set, elected while it still withdrew, then nobody could win)
+        ("b1", 3, {"epoch": 4}, Action.CONTEND),
+        ("b2", 3, {"epoch": 4}, Action.CONTEND),
+        ("b3", 3, {"epoch": 4}, Action.WITHDRAW),
+        ("b2", 4, {"epoch": 4}, Action.WITHDRAW),  # ready in 4 under a primary that never published: not named
     ],
 )
 def test_after_a_whole_cluster_outage_only_the_newest_stores_contend(
