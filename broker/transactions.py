@@ -231,6 +231,8 @@ class Transactions:
         were enqueued and the queues whose messages its accepts and rejects dequeued."""
         self._check(txn)
         self._end(txn)
+        if self.server.store is not None:  # on disk, all of what follows in this pass or none of it
+            self.server.store.journal.begin_unit()
         router = self.server.router
         routed: list[tuple[Queue, Entry]] = []
         for address, data in txn.messages:

@@ -581,6 +581,9 @@ class Backup:
             ready = self.txn_parts.arrive(r.queue.name, (r, records), B.txn_parts(records))
         except TxnPartsError as e:
             raise BatchError(str(e)) from None
+        store = self.server.store
+        if ready and store is not None:  # a whole unit applied in this pass: on disk all of it or none
+            store.journal.begin_unit()
         for _, (rep, recs) in ready:
             if not rep.closed:
                 rep.apply(recs)

@@ -592,12 +592,12 @@ def whole_cluster_restart(
 # two segments say everything needed here. Only the record kinds below are read; the rest are skipped.
 
 JOURNAL_MAGIC = b"UJNL"
-JOURNAL_FORMAT = 1
+JOURNAL_FORMAT = 2
 _JHEADER = struct.Struct(">4sHI")
 _JFRAME = struct.Struct(">II")
 _JQPOS = struct.Struct(">IQ")  # the head of an ENQUEUE payload: queue, position
 _JQID = struct.Struct(">I")
-_ENQUEUE, _QUEUE, _UNQUEUE, _STATE = 1, 3, 4, 9
+_ENQUEUE, _QUEUE, _UNQUEUE, _STATE, _UNIT = 1, 3, 4, 9, 11
 _REPLICATE_KEY = "qpid.replicate"
 
 
@@ -676,6 +676,8 @@ def _replay_segment(
         if zlib.crc32(body) != crc:
             break  # a torn tail (or damage, which the broker reports when it starts)
         kind = body[0]
+        if kind == _UNIT and not _unit_whole(view, stop, stop + _JQID.unpack_from(body, 1)[0]):
+            break  # a transaction's write a crash cut short: the broker cuts it at start, all of it
         try:
             if kind == _ENQUEUE:
                 qid, pos = _JQPOS.unpack_from(body, 1)
@@ -701,6 +703,21 @@ def _replay_segment(
             pass  # a record we cannot use: the broker decides about damage when it starts
         off = stop
     return state
+
+
+def _unit_whole(view: memoryview, off: int, end: int) -> bool:
+    """The records from `off` to `end` are all there and intact (a UNIT record's span)."""
+    if end > len(view):
+        return False
+    while off < end:
+        if off + _JFRAME.size > end:
+            return False
+        length, crc = _JFRAME.unpack_from(view, off)
+        stop = off + _JFRAME.size + length
+        if length == 0 or stop > end or zlib.crc32(view[off + _JFRAME.size : stop]) != crc:
+            return False
+        off = stop
+    return True
 
 
 # ---- validate-all --------------------------------------------------------------------------------------------

@@ -100,6 +100,7 @@ class Journal:
         self.size = 0  # bytes in the current segment
         self.pending: list[bytes] = []  # appended in this pass, not yet written
         self.pending_bytes = 0
+        self.unit_at: int | None = None  # index in `pending` of this pass's UNIT record (filled in at commit)
         self.ticket = 0  # last commit handed to the syncer
         self.synced = 0  # last commit known to be on disk
         self.syncer: Syncer | None = None
@@ -153,11 +154,28 @@ class Journal:
         self.pending.append(record)
         self.pending_bytes += len(record)
 
+    def begin_unit(self) -> None:
+        """What this pass appends from now on stands or falls together at recovery (a transaction's commit): a UNIT
+        record goes here, its length known when the pass is written. Once per pass; later calls change nothing."""
+        if self.unit_at is None:
+            self.unit_at = len(self.pending)
+            self.append(b"")  # the place (and the bytes: offsets of what follows stay right) of the UNIT record
+            self.pending_bytes += R.UNIT_SIZE
+
     def commit(self) -> int | None:
         """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises
         JournalFull or JournalError; the journal then holds nothing of this commit."""
         if not self.pending:
             return None
+        at, self.unit_at = self.unit_at, None
+        if at is not None:
+            if at == len(self.pending) - 1:  # nothing followed (a commit of non-durable work): no unit
+                self.pending.pop()
+                self.pending_bytes -= R.UNIT_SIZE
+                if not self.pending:
+                    return None
+            else:
+                self.pending[at] = R.unit(sum(len(r) for r in self.pending[at + 1:]))
         if self.fd < 0:
             self.pending, self.pending_bytes = [], 0
             raise R.JournalError("journal: no segment open")

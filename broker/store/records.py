@@ -21,6 +21,13 @@ Kinds (integers big-endian; names and arguments as UTF-8 JSON, wiring is rare):
     STATE     json{epoch, role, state}                                            the broker's HA standing
     DEDUP     queue:u32 reset:u8 (time:f64 length:u16 id[length])*                 ids added to a queue's duplicate
                                                                                   window (reset 1: the whole window)
+    UNIT      length:u32                                                          the next `length` bytes of records
+                                                                                  stand or fall together (format 2)
+
+A UNIT record opens a pass's write that holds a committed transaction (the rest of that write: the commit's
+enqueues and dequeues, and whatever else the pass journaled). Recovery keeps all of it or, when a crash cut the write
+short or damaged a record in it, none of it: the torn tail is cut at the UNIT record, so a transaction the client
+never saw settle is never half on disk.
 
 A queue is named by a number (`queue:u32`) given in its QUEUE record, so message records stay small. `next` in a
 QUEUE record is the queue's next position when it was written (positions are never reused, even after every message
@@ -41,13 +48,13 @@ from typing import Any, NamedTuple
 from broker.errors import BrokerError
 
 MAGIC = b"UJNL"
-FORMAT = 1
+FORMAT = 2  # 2: UNIT records (a release reading format 1 refuses a format-2 journal rather than misreading one)
 HEADER = struct.Struct(">4sHI")
 FRAME = struct.Struct(">II")  # length (of kind + payload), crc32
 
-ENQUEUE, DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE, DEDUP = range(1, 11)
+ENQUEUE, DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE, DEDUP, UNIT = range(1, 12)
 KINDS = {ENQUEUE: "enqueue", DEQUEUE: "dequeue", QUEUE: "queue", UNQUEUE: "unqueue", EXCHANGE: "exchange",
-         UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state", DEDUP: "dedup"}
+         UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state", DEDUP: "dedup", UNIT: "unit"}
 
 _ENQ = struct.Struct(">IQBBId")  # queue, position, level, flags, count, expires (0 = none)
 ENQ_HEAD = _ENQ.size  # bytes of an ENQUEUE payload before the message
@@ -57,6 +64,8 @@ _DEQ = struct.Struct(">IQQ")
 _QID = struct.Struct(">I")
 _DEDUP = struct.Struct(">IB")
 _ID = struct.Struct(">dH")
+_UNIT = struct.Struct(">I")
+UNIT_SIZE = FRAME.size + 1 + _UNIT.size  # bytes of a UNIT record
 _crc = zlib.crc32
 MAX_RECORD = 1 << 30
 
@@ -113,6 +122,11 @@ def dedup(qid: int, items: list[tuple[bytes, float]], reset: bool) -> bytes:
         parts.append(_ID.pack(t, len(k)))
         parts.append(k)
     return frame(DEDUP, b"".join(parts))
+
+
+def unit(length: int) -> bytes:
+    """The UNIT record opening `length` bytes of records that recovery keeps whole or not at all."""
+    return frame(UNIT, _UNIT.pack(length))
 
 
 def document(kind: int, doc: dict[str, Any]) -> bytes:
@@ -203,9 +217,32 @@ def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], ScanEn
         kind = body[0]
         if kind not in kinds:
             return out, _bad(off, n, end, f"record at byte {off} has an unknown kind {kind}")
+        if kind == UNIT:  # rare (a pass with a commit): check the whole unit before keeping any of it
+            unit_end = end + _UNIT.unpack_from(body, 1)[0]
+            problem = _unit_problem(view, end, unit_end)
+            if problem:
+                return out, _bad(off, n, unit_end, f"transaction unit at byte {off}: {problem}")
         append(new(Record, (kind, view[body_at + 1:end], off)))
         off = end
     return out, ScanEnd(off, False, False)
+
+
+def _unit_problem(view: memoryview, off: int, end: int) -> str:
+    """Why the records from `off` to `end` are not a whole unit ("" if they are)."""
+    n = len(view)
+    if end > n:
+        return f"needs {end - off} bytes, {n - off} left"
+    while off < end:
+        if off + FRAME.size > end:
+            return f"incomplete record header at byte {off}"
+        length, crc = FRAME.unpack_from(view, off)
+        stop = off + FRAME.size + length
+        if length == 0 or stop > end:
+            return f"record at byte {off} goes past the unit's end"
+        if _crc(view[off + FRAME.size:stop]) != crc:
+            return f"record at byte {off} fails its CRC"
+        off = stop
+    return ""
 
 
 def _bad(off: int, n: int, end: int, reason: str) -> ScanEnd:

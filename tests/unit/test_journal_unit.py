@@ -1,0 +1,93 @@
+"""A committed transaction is on disk whole or not at all: the pass's write that holds it opens with a UNIT record,
+and recovery (the broker's scan, `ha-admin journal`, the OCF agent's reading) keeps the unit whole or cuts it all."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.store import records as R
+from broker.store.journal import Journal, segment_name
+from broker.store.store import read_journal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
+import agent_core as core
+
+
+def msg(pos: int, body: bytes = b"m") -> bytes:
+    return R.enqueue(1, pos, 2, 2, 0, None, body)  # flags 2: durable
+
+
+def unit(*records: bytes) -> bytes:
+    body = b"".join(records)
+    return R.unit(len(body)) + body
+
+
+BEFORE = R.queue(1, "q", "u1", {"durable": True}, 1) + msg(1) + msg(2)
+COMMIT = unit(msg(3), msg(4), R.dequeue(1, 1, 1))
+
+
+def test_a_whole_unit_is_replayed_like_any_records() -> None:
+    recs, end = R.scan(BEFORE + COMMIT)
+    assert not end.torn and not end.damaged and end.good == len(BEFORE + COMMIT)
+    assert [R.KINDS[r.kind] for r in recs] == ["queue", "enqueue", "enqueue", "unit", "enqueue", "enqueue", "dequeue"]
+
+
+@pytest.mark.parametrize("cut", [1, 5, len(msg(4)) + 3, len(COMMIT) - len(R.unit(0)) - 1])
+def test_a_unit_cut_short_is_a_torn_tail_cut_at_its_start(cut: int) -> None:
+    recs, end = R.scan(BEFORE + COMMIT[:-cut])
+    assert end.torn and not end.damaged and end.good == len(BEFORE)
+    assert [r.kind for r in recs] == [R.QUEUE, R.ENQUEUE, R.ENQUEUE]  # nothing of the commit, not a prefix of it
+
+
+def test_a_bad_record_inside_a_unit_at_the_tail_cuts_the_whole_unit() -> None:
+    data = bytearray(BEFORE + COMMIT)
+    data[-3] ^= 0xFF  # the dequeue, the commit's last record, fails its CRC: a torn write
+    recs, end = R.scan(bytes(data))
+    assert end.torn and end.good == len(BEFORE) and len(recs) == 3
+
+
+def test_a_bad_unit_followed_by_more_records_is_damage_not_a_torn_tail() -> None:
+    data = bytearray(BEFORE + COMMIT + msg(5))
+    data[len(BEFORE) + len(R.unit(0)) + 12] ^= 0xFF
+    _, end = R.scan(bytes(data))
+    assert end.damaged and not end.torn and end.good == len(BEFORE)
+
+
+def test_the_journal_writes_a_unit_over_the_rest_of_the_pass(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.open_segment(1)
+    j.append(R.queue(1, "q", "u1", {"durable": True}, 1))
+    j.append(msg(1))
+    j.begin_unit()
+    offset = j.size + j.pending_bytes  # where the commit's first message lands (as Store.enqueued computes it)
+    j.append(msg(2, b"txn"))
+    j.begin_unit()  # a second commit in the same pass: the same unit
+    j.append(msg(3, b"txn"))
+    j.commit()
+    j.append(msg(4))  # a later pass with no commit in it: no unit
+    j.commit()
+    j.begin_unit()  # a commit that journaled nothing (non-durable): nothing is written
+    assert j.commit() is None and j.pending_bytes == 0
+    j.close()
+    data = (tmp_path / segment_name(1)).read_bytes()
+    recs, _ = R.scan(data, R.HEADER.size)
+    assert [R.KINDS[r.kind] for r in recs] == ["queue", "enqueue", "unit", "enqueue", "enqueue", "enqueue"]
+    assert recs[3].offset == offset  # the reserved UNIT bytes kept the offsets right (paged reads use them)
+    assert R.read_enqueue(data, offset, "test")[6] == b"txn"
+
+
+def test_recovery_and_the_agent_keep_none_of_a_torn_commit(tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (journal / segment_name(1)).write_bytes(R.header(1) + BEFORE + COMMIT[:-4])
+    image, report, _, size = read_journal(journal)
+    assert sorted(image.messages[1]) == [1, 2] and report.cut == len(COMMIT) - 4
+    assert size == R.HEADER.size + len(BEFORE)
+    assert core.read_standing(str(tmp_path), "b1").position == 2  # the agent scores what the broker recovers
+    (journal / segment_name(1)).write_bytes(R.header(1) + BEFORE + COMMIT)
+    image, report, _, _ = read_journal(journal)
+    assert sorted(image.messages[1]) == [2, 3, 4] and report.cut == 0
+    assert core.read_standing(str(tmp_path), "b1").position == 4
