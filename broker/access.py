@@ -6,9 +6,11 @@ management write (create, delete, manage), and on the anonymous relay once per m
 A denial answers `amqp:unauthorized-access` (an attach is refused; a relayed message is rejected; a management
 request gets 403) and is logged as `acl.denied` with the user and the object.
 
-Granted without rules: everything to the replication user (`--ha-username`: the brokers themselves; replication,
-mirroring and the management reads backups make must not depend on an operator's file); `manage` on broker-wide
-objects (connections, the HA operations) to admin users, so an operator is never locked out of `ha-admin`; to
+Granted without rules: to the replication user (`--ha-username`: the brokers themselves) exactly what replication
+needs - browsing the `$events` stream (a backup's first link); its `$ha.*` links are the HA extension's, which admits
+only that user, and wiring mirroring uses management reads - and nothing else unless the file grants it (a leaked
+replication password does not open the client queues); `manage` on broker-wide objects (connections, the HA
+operations) to admin users (the replication user is one), so an operator is never locked out of `ha-admin`; to
 anyone, dynamic (temporary reply) queues, attaching to `$management` and management reads.
 
 A reload (SIGHUP) that fails keeps the rules in force and logs `acl.reload_failed`; one that succeeds logs
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker.acl import Acl, AclError, Action, Decision, Kind, load
+from broker.acl import EVENTS, Acl, AclError, Action, Decision, Kind, load
 from broker.auth import ANONYMOUS
 from broker.errors import LinkError, MessageRefused
 from broker.exchange import parse_binding_name
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 log = get_logger("broker")
 
 CONDITION = "amqp:unauthorized-access"
-EVENTS_OBJECT = "$events"
 
 
 class AccessDenied(LinkError):
@@ -103,17 +104,20 @@ class Access:
                     self.server.close_link(h.link, CONDITION, description)
 
     # ----- decisions ----------------------------------------------------------------------------------------------
-    def _implicit(self, st: ConnectionState, action: Action, kind: Kind) -> bool:
+    def _implicit(self, st: ConnectionState, action: Action, kind: Kind, name: str) -> bool:
+        if kind != Kind.BROKER:
+            return False
+        if action == Action.MANAGE:
+            return st.admin
         replication_user = self.server.config.ha_username
-        if replication_user is not None and st.user == replication_user:
-            return True
-        return kind == Kind.BROKER and action == Action.MANAGE and st.admin
+        return action == Action.BROWSE and name == EVENTS and replication_user is not None \
+            and st.user == replication_user
 
     def _denied(self, st: ConnectionState, action: Action, kind: Kind, name: str, via: str,
                 operation: str | None = None) -> str | None:
         """None when allowed; else the reason, logged as `acl.denied`."""
         acl = self.acl
-        if acl is None or self._implicit(st, action, kind):
+        if acl is None or self._implicit(st, action, kind, name):
             return None
         user = st.user or ANONYMOUS
         d = acl.decide(user, action, kind, name)
@@ -142,7 +146,7 @@ class Access:
         st = pub.conn
         kind = Kind.EXCHANGE if address in self.server.wiring.exchanges else Kind.QUEUE
         acl = self.acl
-        if acl is None or self._implicit(st, Action.PUBLISH, kind):
+        if acl is None or self._implicit(st, Action.PUBLISH, kind, address):
             return
         user = st.user or ANONYMOUS
         d = acl.decide(user, Action.PUBLISH, kind, address)

@@ -31,10 +31,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ANYONE", "Acl", "AclError", "Action", "Decision", "Kind", "Rule", "load", "parse"]
+__all__ = ["ANYONE", "EVENTS", "Acl", "AclError", "Action", "Decision", "Kind", "Rule", "load", "parse"]
 
 ANYONE = "*"
 GROUP_PREFIX = "@"
+EVENTS = "$events"  # the broker's event stream (browse on the broker: what a backup reads first)
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")  # as a users-file name (broker.auth); `anonymous` is allowed here
 _RULE_HEADER = re.compile(r"^\s*\[\[\s*(?:rule|\"rule\"|'rule')\s*\]\]")
 _RULE_KEYS = ("effect", "users", "actions", "queues", "exchanges")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from proton import Link, Terminus
 
-from broker.acl import Action, Kind
+from broker.acl import EVENTS, Action, Kind
 from broker.errors import LinkError
 from broker.links import ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.management_link import ManagementLink
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from broker.server import Server
 
 MANAGEMENT = "$management"
-EVENTS = "$events"
 
 
 class Attacher:
