@@ -56,6 +56,11 @@ BATCH_VERSION = 1  # ha.core.batch
 LINK_DEQUEUE_ACKS = "dequeue-acks"  # link property of a replicating browser: 1 = its dequeues are acknowledged
 LINK_BATCH_MAX = "batch-max"  # the newest batch format a backup reads / the primary sends (ha.core.batch: 2)
 
+LINK_EXPIRY_TAGS = "expiry-tags"  # link property: 1 = the backup reads "<kind><position>@<expiry>" tags (below)
+
+# The per-message format: each transfer's tag says what it is. A message with an expiry carries its absolute time
+# (seconds since the epoch) after "@" for a backup that offered LINK_EXPIRY_TAGS (older backups: the plain tag, and
+# the backup counts the TTL from its own arrival)
 TAG_LIVE = "e"
 TAG_CATCHUP = "c"
 TAG_DEQUEUE = "d"
@@ -102,3 +107,24 @@ def redirect_info(url: str | None) -> dict[str, Any] | None:
         return {"network-host": host, "port": int(port), "address": url}
     except ValueError:
         return None
+
+
+def message_tag(kind: str, position: int, expires: float | None, with_expiry: bool) -> bytes:
+    """The tag of a per-message transfer."""
+    if with_expiry and expires:
+        return f"{kind}{position}@{expires!r}".encode()
+    return f"{kind}{position}".encode()
+
+
+def parse_message_tag(rest: str) -> tuple[int, float | None] | None:
+    """The position and absolute expiry in a per-message tag after its kind letter; None if it is not one."""
+    pos, at, exp = rest.partition("@")
+    if not pos.isdigit() or int(pos) < 1:
+        return None
+    if not at:
+        return int(pos), None
+    try:
+        expires = float(exp)
+    except ValueError:
+        return None
+    return (int(pos), expires) if expires > 0 and expires == expires and expires != float("inf") else None

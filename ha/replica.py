@@ -50,7 +50,7 @@ class QueueReplicator:
         # ready_epoch: the epoch of the primary whose messages these are (the primary re-sends positions it may
         # have assigned again since; ha.core.catchup)
         props: dict[str, Any] = {"held": held.to_wire(), "epoch": backup.node.epoch, "uuid": queue.uuid,
-                                 "ready_epoch": backup.node.ready_epoch}
+                                 "ready_epoch": backup.node.ready_epoch, P.LINK_EXPIRY_TAGS: 1}
         if backup.ack_link is not None:
             props["acks"] = P.ACKS_BATCHED
             if backup.config.ha_batch_bytes > 0:
@@ -184,16 +184,18 @@ class QueueReplicator:
         kind, rest = tag[:1], tag[1:]
         q = self.queue
         if kind in (P.TAG_LIVE, P.TAG_CATCHUP):
-            if not rest.isdigit() or int(rest) < 1:
+            parsed = P.parse_message_tag(rest)
+            if parsed is None:
                 raise BatchError(f"bad replication tag {tag!r}")
-            pos = int(rest)
+            pos, expires = parsed
             if not q.holds(pos) and not q.deleted:
                 try:
                     meta = decode(data, trusted=True)
                 except MalformedMessage as e:
                     log.error("ha.replication.error", queue=q.name, position=pos, description=str(e))
                     return
-                q.enqueue(data, meta.priority, meta.expires, meta.durable, position=pos, replicated=True)
+                # The primary's absolute expiry when it sent one (else the TTL counts from our arrival)
+                q.enqueue(data, meta.priority, expires or meta.expires, meta.durable, position=pos, replicated=True)
             if raw.delivery_settled(d):  # pre-settled by the primary: acknowledged in the next batch on $ha.acks
                 self.backup.acked(q.name, [pos])
         elif kind == P.TAG_DEQUEUE:

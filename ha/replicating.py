@@ -178,6 +178,7 @@ class ReplicatingSender(LinkHandler):
         self.qc = backup.catchup.start(queue.name, plan)
         # A backup that acknowledges in batches on $ha.acks gets pre-settled transfers (see ha.protocol).
         self.presettled = batch or (link.remote_properties or {}).get("acks") == P.ACKS_BATCHED
+        self.expiry_tags = not batch and (link.remote_properties or {}).get(P.LINK_EXPIRY_TAGS) == 1
         self.snapshot_max = plan.snapshot_max
         self.live: deque[Entry] = deque()
         self.dequeues = PositionSet()
@@ -258,8 +259,9 @@ class ReplicatingSender(LinkHandler):
             tag = pn_delivery_tag(d)
             if isinstance(tag, bytes):
                 tag = tag.decode("ascii", "replace")
-            if tag[:1] in (P.TAG_LIVE, P.TAG_CATCHUP) and tag[1:].isdigit():
-                self.acknowledged(PositionSet([int(tag[1:])]))
+            parsed = P.parse_message_tag(tag[1:]) if tag[:1] in (P.TAG_LIVE, P.TAG_CATCHUP) else None
+            if parsed is not None:
+                self.acknowledged(PositionSet([parsed[0]]))
             raw.delivery_settle(d)
 
     # ----- once per pass ----------------------------------------------------------------------------------------
@@ -445,7 +447,7 @@ class ReplicatingSender(LinkHandler):
                 e = live.popleft()
                 if e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position)):
                     continue
-                d = raw.send_tagged(link, f"{P.TAG_LIVE}{e.position}".encode(), e.data)
+                d = raw.send_tagged(link, P.message_tag(P.TAG_LIVE, e.position, e.expires, self.expiry_tags), e.data)
                 if self.presettled:
                     raw.delivery_settle(d)
                 n = len(e.data)
@@ -462,7 +464,7 @@ class ReplicatingSender(LinkHandler):
                 if ce is None:
                     self.qc.dequeued([pos])
                     continue
-                d = raw.send_tagged(link, f"{P.TAG_CATCHUP}{pos}".encode(), ce.data)
+                d = raw.send_tagged(link, P.message_tag(P.TAG_CATCHUP, pos, ce.expires, self.expiry_tags), ce.data)
                 if self.presettled:
                     raw.delivery_settle(d)
 

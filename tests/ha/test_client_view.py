@@ -33,14 +33,7 @@ def sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.time()))
 
 
-@pytest.mark.parametrize("fmt", [
-    "batch",
-    pytest.param("per-message", marks=pytest.mark.xfail(strict=True, reason=(
-        "the per-message replication format (--ha-batch-bytes 0, and backups of older releases) carries only the "
-        "message bytes: ha/replica.py _apply_message decodes the TTL relative to the backup's arrival time, so a "
-        "message caught up late lives longer; carrying the absolute expiry needs a change to the per-message "
-        "transfer (ha.protocol), left to the replication owners"))),
-])
+@pytest.mark.parametrize("fmt", ["batch", "per-message"])
 def test_a_message_caught_up_late_expires_on_the_new_primary_at_its_original_time(cluster: Make, fmt: str) -> None:
     c = cluster(2, *(["--ha-batch-bytes", "0"] if fmt == "per-message" else []))
     c.start(0)
