@@ -130,7 +130,10 @@ class BrokerConfig(BaseSettings):
     # TLS (broker/tls.py, docs/tls.md): the listener, and this broker's links to the others when it is a backup.
     ssl_cert: Path | None = Field(None, description="PEM certificate of the listener: clients and other brokers "
                                                     "connect over TLS (docs/tls.md) [off]")
-    ssl_key: Path | None = Field(None, description="PEM private key of --ssl-cert (unencrypted, 0600)")
+    ssl_key: Path | None = Field(None, description="PEM private key of --ssl-cert (0600; if it is encrypted, "
+                                                   "give --ssl-key-password-file)")
+    ssl_key_password_file: Path | None = Field(None, description="file whose first line is the passphrase of an "
+                                                                 "encrypted --ssl-key (0600)")
     ssl_ca: Path | None = Field(None, description="PEM CA certificate(s) trusted for the other brokers' and for "
                                                   "client certificates")
     ssl_require_client_cert: bool = Field(False, description="refuse a client without a certificate signed by "
@@ -296,6 +299,7 @@ class BrokerConfig(BaseSettings):
             raise ValueError("--ssl-cert and --ssl-key go together (the listener's certificate and its key)")
         if self.ssl_cert is None:
             for flag, on in (("--ssl-ca", self.ssl_ca is not None),
+                             ("--ssl-key-password-file", self.ssl_key_password_file is not None),
                              ("--ssl-require-client-cert", self.ssl_require_client_cert),
                              ("--ssl-allow-plain", self.ssl_allow_plain)):
                 if on:

@@ -46,6 +46,7 @@ class ServerTls:
     require_client_cert: bool = False
     allow_plain: bool = False
     verify_hostname: bool = True
+    key_password: str | None = None  # the passphrase of an encrypted key (--ssl-key-password-file)
 
     @property
     def mode(self) -> str:
@@ -61,23 +62,44 @@ class ClientTls:
     cert: Path | None = None
     key: Path | None = None
     verify_hostname: bool = True
+    key_password: str | None = None
 
 
 def from_config(cfg: BrokerConfig) -> ServerTls | None:
+    """Raises TlsError if the key's password file cannot be read (`config_problems` says so before the start)."""
     if cfg.ssl_cert is None or cfg.ssl_key is None:
         return None
+    password = read_password(cfg.ssl_key_password_file) if cfg.ssl_key_password_file is not None else None
     return ServerTls(cfg.ssl_cert, cfg.ssl_key, cfg.ssl_ca, cfg.ssl_require_client_cert, cfg.ssl_allow_plain,
-                     cfg.ssl_verify_hostname)
+                     cfg.ssl_verify_hostname, password)
+
+
+def read_password(path: Path, flag: str = "--ssl-key-password-file") -> str:
+    """The first line of a password file (TlsError if it cannot be read or is empty)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TlsError(f"{flag} {path}: {getattr(e, 'strerror', None) or e}") from None
+    line = text.splitlines()[0] if text else ""
+    if not line:
+        raise TlsError(f"{flag} {path}: the first line (the passphrase) is empty")
+    return line
 
 
 def config_problems(cfg: BrokerConfig) -> list[str]:
     """The broker's certificate files, checked before it starts (`ha-broker` exits 2 on any)."""
-    return check_files(cfg.ssl_cert, cfg.ssl_key, cfg.ssl_ca)
+    password = None
+    if cfg.ssl_key_password_file is not None:
+        try:
+            password = read_password(cfg.ssl_key_password_file)
+        except TlsError as e:
+            return [str(e)]
+    return check_files(cfg.ssl_cert, cfg.ssl_key, cfg.ssl_ca, password=password)
 
 
 # ----- start-up checks --------------------------------------------------------------------------------------------
 def check_files(cert: Path | None, key: Path | None, ca: Path | None, *, prefix: str = "--ssl",
-                now: float | None = None) -> list[str]:
+                now: float | None = None, password: str | None = None) -> list[str]:
     """Problems with the certificate files, one line each (empty: usable). `prefix` names the flags in messages."""
     problems: list[str] = []
     for flag, path in ((f"{prefix}-cert", cert), (f"{prefix}-key", key), (f"{prefix}-ca", ca)):
@@ -91,9 +113,16 @@ def check_files(cert: Path | None, key: Path | None, ca: Path | None, *, prefix:
     if cert is not None and key is not None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            ctx.load_cert_chain(str(cert), str(key))
+            # A callable, never None: OpenSSL would prompt on the terminal for an encrypted key's passphrase
+            ctx.load_cert_chain(str(cert), str(key), password=lambda: (password or "").encode())
         except ssl.SSLError as e:
-            problems.append(f"{prefix}-cert {cert} / {prefix}-key {key}: {_ssl_reason(e, 'certificate')}")
+            if _encrypted(key):  # OpenSSL says only "PEM lib": the file says why
+                why = (f"the key is encrypted and {prefix}-key-password-file does not hold its passphrase"
+                       if password is not None else
+                       f"the key is encrypted: give its passphrase with {prefix}-key-password-file")
+            else:
+                why = _ssl_reason(e, "certificate")
+            problems.append(f"{prefix}-cert {cert} / {prefix}-key {key}: {why}")
         else:
             expired = expiry_problem(cert, now)
             if expired:
@@ -128,6 +157,15 @@ def _why_unreadable(path: Path) -> str:
     return "cannot be read"
 
 
+def _encrypted(key: Path) -> bool:
+    """A PEM key file with an encrypted key (PKCS#8 or the traditional Proc-Type header)."""
+    try:
+        head = key.read_bytes()[:4096]
+    except OSError:
+        return False
+    return b"BEGIN ENCRYPTED PRIVATE KEY" in head or b"Proc-Type: 4,ENCRYPTED" in head
+
+
 def _ssl_reason(e: ssl.SSLError, what: str) -> str:
     reason = (e.reason or "").upper()
     if reason == "KEY_VALUES_MISMATCH":
@@ -135,7 +173,7 @@ def _ssl_reason(e: ssl.SSLError, what: str) -> str:
     if reason == "NO_CERTIFICATE_OR_CRL_FOUND":
         return "no PEM certificate in the file"
     if "PEM" in str(e) or reason in ("NO_START_LINE", "BAD_BASE64_DECODE"):
-        return f"not a PEM {what} and key (or the key is encrypted: use an unencrypted key file, mode 0600)"
+        return f"not a PEM {what} and key"
     return f"cannot be loaded: {e.reason or e}"
 
 
@@ -195,7 +233,7 @@ def _utc(t: float) -> str:
 def server_domain(s: ServerTls) -> SSLDomain:
     d = SSLDomain(SSLDomain.MODE_SERVER)
     try:
-        d.set_credentials(str(s.cert), str(s.key), None)
+        d.set_credentials(str(s.cert), str(s.key), s.key_password)
         if s.ca is not None:
             d.set_trusted_ca_db(str(s.ca))
         if s.require_client_cert:
@@ -213,7 +251,7 @@ def client_domain(c: ClientTls, prefix: str = "--ssl") -> SSLDomain:
     d = SSLDomain(SSLDomain.MODE_CLIENT)
     try:
         if c.cert is not None and c.key is not None:
-            d.set_credentials(str(c.cert), str(c.key), None)
+            d.set_credentials(str(c.cert), str(c.key), c.key_password)
         d.set_trusted_ca_db(str(c.ca))
         d.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME if c.verify_hostname else SSLDomain.VERIFY_PEER,
                                   str(c.ca))
@@ -227,7 +265,7 @@ def client_of(s: ServerTls) -> ClientTls | None:
     primary requiring client certificates accepts it)."""
     if s.ca is None:
         return None
-    return ClientTls(s.ca, s.cert, s.key, s.verify_hostname)
+    return ClientTls(s.ca, s.cert, s.key, s.verify_hostname, s.key_password)
 
 
 # ----- errors -----------------------------------------------------------------------------------------------------

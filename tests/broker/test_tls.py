@@ -134,6 +134,12 @@ def test_a_plain_header_sent_in_pieces_is_refused_too(tls_only: BrokerProcess, c
     assert "b'AMQP\\x03" in str([e for e in tls_only.events() if e["event"] == "tls.refused"][-1]["description"])
 
 
+def test_an_encrypted_key_with_its_passphrase_file_serves_tls(factory: BrokerFactory, certs: Certs) -> None:
+    b = factory(*tls_flags(certs, "--ssl-key-password-file", str(certs.key_password),
+                           key=certs.server_key_encrypted), name="encrypted-key")
+    assert roundtrip(b.url, domain(certs.ca), "enc", ["a", "b"]) == ["a", "b"]
+
+
 def test_with_allow_plain_one_port_takes_tls_and_plain(factory: BrokerFactory, certs: Certs) -> None:
     b = factory(*tls_flags(certs, "--ssl-allow-plain"), name="mixed")
     assert roundtrip(b.url, domain(certs.ca), "q-mixed", ["tls"]) == ["tls"]
@@ -209,6 +215,17 @@ BAD_STARTS = {
     "CA file not PEM": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.server_key), "--ssl-ca",
                                    str(c.server_key)], "--ssl-ca", "no PEM certificate"),
     "key alone": (lambda c: ["--ssl-key", str(c.server_key)], "--ssl-cert and --ssl-key", "go together"),
+    "encrypted key without its passphrase": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key",
+                                                        str(c.server_key_encrypted)],
+                                             "--ssl-key", "is encrypted: give its passphrase with "
+                                             "--ssl-key-password-file"),
+    "encrypted key, wrong passphrase": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key",
+                                                   str(c.server_key_encrypted), "--ssl-key-password-file",
+                                                   str(c.ca)],
+                                        "--ssl-key-password-file does not hold its passphrase"),
+    "passphrase file missing": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.server_key_encrypted),
+                                           "--ssl-key-password-file", str(c.dir / "nope")],
+                                "--ssl-key-password-file", "No such file"),
     "client certs without a CA": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.server_key),
                                              "--ssl-require-client-cert"], "--ssl-require-client-cert", "--ssl-ca"),
     "cluster without a CA": (lambda c: ["--ssl-cert", str(c.server), "--ssl-key", str(c.server_key),

@@ -26,6 +26,8 @@ class Certs:
     expired_key: Path
     wrong_name: Path  # signed by `ca`, names only elsewhere.example
     wrong_name_key: Path
+    server_key_encrypted: Path  # server.key encrypted with AES-256 ...
+    key_password: Path  # ... and a file whose first line is its passphrase
 
 
 def _run(*args: str, cwd: Path) -> None:
@@ -58,7 +60,9 @@ def make_certs(d: Path) -> Certs:
     _signed(d, "other", "other-ca", "localhost", SERVER_SAN)
     _signed(d, "expired", "ca", "localhost", SERVER_SAN, days=-1)  # notAfter before notBefore: expired
     _signed(d, "wrong-name", "ca", "elsewhere.example", "subjectAltName=DNS:elsewhere.example")
+    _run("pkey", "-in", "server.key", "-aes256", "-passout", "pass:s3cret phrase", "-out", "server-enc.key", cwd=d)
+    (d / "key-password").write_text("s3cret phrase\n")
     p = d.joinpath
     return Certs(d, p("ca.pem"), p("server.pem"), p("server.key"), p("client.pem"), p("client.key"),
                  p("other-ca.pem"), p("other.pem"), p("other.key"), p("expired.pem"), p("expired.key"),
-                 p("wrong-name.pem"), p("wrong-name.key"))
+                 p("wrong-name.pem"), p("wrong-name.key"), p("server-enc.key"), p("key-password"))
