@@ -111,7 +111,8 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         except bacl.AclError as e:
             click.echo(f"ha-broker: {e}", err=True)
             return 2
-        signal.signal(signal.SIGHUP, lambda *_: _on_sighup(server))
+    # Always: reopen the log (logrotate), rules and certificates again; never SIGHUP's default (terminate)
+    signal.signal(signal.SIGHUP, lambda *_: _on_sighup(server))
     for p in plugins:
         p(server)
     admin = AdminSocket(cfg.admin_socket, server) if cfg.admin_socket is not None else None
@@ -162,9 +163,11 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
 
 
 def _on_sighup(server: Server) -> None:
-    """With --acl-file: reopen the log file (logrotate) and read the rules again, on the loop thread."""
+    """Reopen the log file (logrotate); on the loop thread, read the access rules (--acl-file) and the TLS files
+    again."""
     blog.request_reopen()
     server.call_soon_threadsafe(server.access.reload)
+    server.call_soon_threadsafe(server.reload_tls)
 
 
 def sasl_logins(cfg: BrokerConfig, users: dict[str, User]) -> dict[str, User]:

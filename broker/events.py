@@ -238,6 +238,11 @@ _EVENTS: tuple[Event, ...] = (
     Event("tls.enabled", _INFO, _B, "at start-up, after `broker.started`: the listener speaks TLS (docs/tls.md)",
           (U("address", "host:port listened on"), U("tls"), U("client_cert"), U("subject", "of `--ssl-cert`"),
            U("path", "`--ssl-cert`"))),
+    Event("tls.reloaded", _INFO, _B, "SIGHUP: the certificate, key and CA files were read again; connections accepted "
+          "from now on (and a backup's next connection to its primary) use them, open ones keep theirs",
+          (U("subject", "of `--ssl-cert`"), U("path", "`--ssl-cert`"))),
+    Event("tls.reload_failed", _ERR, _B, "SIGHUP: the certificate files did not pass the start-up checks; the "
+          "broker keeps using the ones it has", (U("description"),)),
     Event("tls.refused", _WARN, _B, "an accepted connection failed its TLS handshake: wrong CA, expired or missing "
           "client certificate, a plain client on a TLS-only port, or the peer refused this broker's certificate "
           "(docs/tls.md lists the reasons); nothing was exchanged on it",

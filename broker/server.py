@@ -42,7 +42,8 @@ from broker.memory import MemoryBound
 from broker.queue import Queue
 from broker.router import Router
 from broker.store.store import Store
-from broker.tls import ServerTls, cert_subject, client_domain, client_of, server_domain
+from broker.tls import ServerTls, TlsError, cert_subject, client_domain, client_of, server_domain
+from broker.tls import config_problems as tls_config_problems
 from broker.tls import from_config as tls_from_config
 from broker.transactions import Transactions
 from broker.wiring import Wiring, WiringEvent
@@ -294,6 +295,28 @@ class Server:
     def wake_call(self, fn: Callable[[], None]) -> None:
         """Run `fn` at the end of this pass (or the next one, when called outside a pass)."""
         self._on_pass_once.append(fn)
+
+    def reload_tls(self) -> None:
+        """SIGHUP (on the loop thread): read the certificate, key, CA and passphrase files again, with the start-up
+        checks; connections accepted from now on use them. A bad file keeps the ones in use (certificate rotation
+        without a restart)."""
+        if self.tls is None:
+            return
+        problems = tls_config_problems(self.config)
+        try:
+            if problems:
+                raise TlsError("; ".join(problems))
+            tls = tls_from_config(self.config)
+            assert tls is not None
+            ssl_server = server_domain(tls)
+            ctls = client_of(tls)
+            ssl_client = client_domain(ctls) if ctls is not None else None
+        except TlsError as e:
+            log.error("tls.reload_failed", description=f"{e}; the certificates in use stay")
+            return
+        self.tls, self.ssl_server, self.ssl_client = tls, ssl_server, ssl_client
+        self.engine.set_listener_ssl(ssl_server)
+        log.info("tls.reloaded", subject=cert_subject(tls.cert), path=str(tls.cert))
 
     def quiesce(self) -> None:
         """Once per pass: dispatch, deferred link work, the extensions' end-of-pass work, settlement; repeated

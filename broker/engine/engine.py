@@ -297,6 +297,7 @@ class Engine:
         self.fds[self._wake_fd] = self._woken
         self.epoll.register(self._wake_fd, EPOLLIN)
         self.listeners: list[socket.socket] = []
+        self.listener_ssl: dict[int, SSLDomain | None] = {}  # listening fd -> the TLS settings for what it accepts
         self.on_pass: Callable[[], None] = lambda: None
         self.on_failure: HandlerFailed = _log_failure
         self.running = False
@@ -325,9 +326,17 @@ class Engine:
             raise
         sock.setblocking(False)
         self.listeners.append(sock)
-        self.fds[sock.fileno()] = lambda _mask: self._accept(sock, on_accept, ssl_domain, tls_only)
+        self.listener_ssl[sock.fileno()] = ssl_domain
+        self.fds[sock.fileno()] = lambda _mask: self._accept(sock, on_accept, self.listener_ssl[sock.fileno()],
+                                                             tls_only)
         self.epoll.register(sock.fileno(), EPOLLIN)
         return int(sock.getsockname()[1])
+
+    def set_listener_ssl(self, ssl_domain: SSLDomain) -> None:
+        """Connections accepted from now on get `ssl_domain` (a certificate reload; open ones keep theirs)."""
+        for fd, old in self.listener_ssl.items():
+            if old is not None:
+                self.listener_ssl[fd] = ssl_domain
 
     def close_listeners(self) -> None:
         for sock in self.listeners:

@@ -6,6 +6,8 @@ reason; messages stored before the refused attempts are all still there after th
 
 from __future__ import annotations
 
+import shutil
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -138,6 +140,32 @@ def test_an_encrypted_key_with_its_passphrase_file_serves_tls(factory: BrokerFac
     b = factory(*tls_flags(certs, "--ssl-key-password-file", str(certs.key_password),
                            key=certs.server_key_encrypted), name="encrypted-key")
     assert roundtrip(b.url, domain(certs.ca), "enc", ["a", "b"]) == ["a", "b"]
+
+
+def test_sighup_reloads_the_certificate_and_a_bad_file_keeps_the_one_in_use(factory: BrokerFactory, certs: Certs,
+                                                                             tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    shutil.copy(certs.server, cert)
+    shutil.copy(certs.server_key, key)
+    b = factory(*tls_flags(certs, cert=cert, key=key), name="rotating")
+    assert roundtrip(b.url, domain(certs.ca), "rot", ["before"]) == ["before"]
+
+    def reloaded(event: str, n: int) -> None:
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: len([e for e in b.events() if e["event"] == event]) >= n, 10, what=f"{event} #{n}")
+
+    shutil.copy(certs.other, cert)  # rotated: a certificate of another CA (so a client can tell which it got)
+    shutil.copy(certs.other_key, key)
+    reloaded("tls.reloaded", 1)
+    assert roundtrip(b.url, domain(certs.other_ca), "rot", ["after"]) == ["after"]
+    assert "not signed by a CA in --ssl-ca" in refused(b.url, domain(certs.ca))  # the old one is gone
+
+    key.write_text("not a key\n")  # a rotation gone wrong: the broker keeps the certificate it has
+    reloaded("tls.reload_failed", 1)
+    assert roundtrip(b.url, domain(certs.other_ca), "rot", ["still"]) == ["still"]
+    failed = next(e for e in b.events() if e["event"] == "tls.reload_failed")
+    assert str(key) in failed["description"] and "stay" in failed["description"]
 
 
 def test_with_allow_plain_one_port_takes_tls_and_plain(factory: BrokerFactory, certs: Certs) -> None:
