@@ -75,8 +75,8 @@ class ManagementClient:
             self.rpc = SyncRequestResponse(self.conn, "$management")
         except Exception as e:
             text = _describe(e)
-            if ssl_domain is None and "no protocol header found" in text:
-                text += " (a TLS-only broker closes a plain connection so: give --ssl-ca)"
+            if ssl_domain is None and ("no protocol header found" in text or "TLS connections only" in text):
+                text += " (a TLS-only broker: give --ssl-ca)"
             raise ManagementError(f"cannot reach {url}: {text}") from None
 
     def request(self, operation: str, type_: str, name: str | None = None, body: Any = None, **props: Any) -> Reply:

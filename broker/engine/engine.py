@@ -34,6 +34,8 @@ from cproton_ffi import ffi, lib
 from proton import SSL, Condition, Connection, Event, SSLDomain, Transport
 from proton._events import EventType
 
+from broker.engine.refusal import MAX_OPEN as MAX_REFUSALS
+from broker.engine.refusal import PlainRefusal
 from broker.engine.timers import Calls, Timer, Timers
 from broker.log import get_logger
 
@@ -170,6 +172,9 @@ class Conn:
         self.transport.condition = Condition(
             "amqp:connection:framing-error",
             f"SSL Failure: not a TLS handshake (plain connection on a TLS-only port): first bytes {head!r}")
+        if len(self.engine.refusals) < MAX_REFUSALS:  # told why in AMQP on a copy of the socket (refusal.py)
+            with contextlib.suppress(OSError):
+                PlainRefusal(self.engine, self.sock.dup(), held + bytes(self.engine.in_buf[:n]))
         _pn.pn_transport_close_tail(self.t)
         _pn.pn_transport_close_head(self.t)
         self.engine.to_write.add(self)
@@ -298,6 +303,7 @@ class Engine:
         self.epoll.register(self._wake_fd, EPOLLIN)
         self.listeners: list[socket.socket] = []
         self.listener_ssl: dict[int, SSLDomain | None] = {}  # listening fd -> the TLS settings for what it accepts
+        self.refusals: set[PlainRefusal] = set()  # plain clients of a TLS-only port being told why (refusal.py)
         self.on_pass: Callable[[], None] = lambda: None
         self.on_failure: HandlerFailed = _log_failure
         self.running = False
@@ -630,6 +636,8 @@ class Engine:
     def close(self) -> None:
         for conn in list(self.conns.values()):
             conn.finish()
+        for r in list(self.refusals):
+            r.finish()
         self.close_listeners()
         with contextlib.suppress(OSError, ValueError):
             self.epoll.unregister(self._wake_fd)

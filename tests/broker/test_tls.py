@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proton import Message
+from proton import ConnectionException, Message
+from proton.utils import BlockingConnection
 
 from broker.client import ManagementClient, ManagementError, connect
 from broker.tls import ClientTls, client_domain
@@ -109,12 +110,21 @@ def test_a_plain_client_on_a_tls_only_port_is_refused_and_both_sides_say_why(tls
                                                                                certs: Certs) -> None:
     store(tls_only.url, domain(certs.ca), "q-kept", ["1", "2"])
     err = refused(tls_only.url, None)
-    assert "TLS-only broker" in err and "--ssl-ca" in err
+    assert "TLS connections only" in err and "--ssl-ca" in err
     logged_refusal(tls_only, "plain (non-TLS) connection on a TLS-only port")
-    # Nothing is answered to a plain header: no SASL mechanisms, so a PLAIN client is never asked for its password.
+    # Any AMQP client (here proton's own, as a third-party program would use it) is told why, in AMQP
+    with pytest.raises(ConnectionException, match=r"amqp:unauthorized-access.*TLS connections only"):
+        BlockingConnection(tls_only.url, timeout=5)
+    # SASL offers ANONYMOUS alone: a PLAIN client is never asked for its password in clear
     with socket.create_connection(("127.0.0.1", tls_only.port), timeout=5) as s:
         s.sendall(b"AMQP\x03\x01\x00\x00")
-        assert s.recv(100) == b""
+        answer = b""
+        while b"ANONYMOUS" not in answer and len(answer) < 200:
+            more = s.recv(200)
+            if not more:
+                break
+            answer += more
+        assert answer.startswith(b"AMQP\x03\x01\x00\x00") and b"ANONYMOUS" in answer and b"PLAIN" not in answer
     assert roundtrip(tls_only.url, domain(certs.ca), "q-kept", ["3"])[0] == "1"  # the two are still there
     assert roundtrip(tls_only.url, domain(certs.ca), "q-kept", ["4", "5"]) == ["2", "3"]
 
@@ -130,7 +140,7 @@ def test_a_plain_header_sent_in_pieces_is_refused_too(tls_only: BrokerProcess, c
             s.recv(100)  # nothing answered yet, nothing closed: it is waiting for more
         s.settimeout(5)
         s.sendall(b"QP\x03\x01\x00\x00")
-        assert s.recv(100) == b""
+        assert s.recv(8) == b"AMQP\x03\x01\x00\x00"  # the refusal's SASL header: the whole header was seen
     wait_for(lambda: sum(1 for e in tls_only.events() if e["event"] == "tls.refused") == before + 1, 10,
              what="the refusal in the log")
     assert "b'AMQP\\x03" in str([e for e in tls_only.events() if e["event"] == "tls.refused"][-1]["description"])
