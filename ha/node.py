@@ -30,7 +30,7 @@ from ha.coordinated import CoordinatedRole
 from ha.coordination.epoch_store import EpochStore
 from ha.core.membership import Membership
 from ha.core.restart import ReadyView, may_restart_as_newest
-from ha.core.states import HaState, IllegalTransition, transition
+from ha.core.states import HaState, IllegalTransition, Trigger, fire
 from ha.primary import Primary
 
 log = get_logger("ha")
@@ -140,9 +140,10 @@ class HaNode(Extension):
             self.coordinated.start()
 
     # ----- state ------------------------------------------------------------------------------------------------
-    def set_state(self, to: HaState, reason: str, forced: bool = False) -> None:
+    def set_state(self, trigger: Trigger, reason: str, forced: bool = False) -> None:
+        """What happened (`trigger`) moves the broker to the state the table says (ha.core.states.fire)."""
         try:
-            new = transition(self.state, to, reason, forced=forced)
+            new = fire(self.state, trigger, reason, forced=forced)
         except IllegalTransition as e:
             log.error("ha.state.illegal", **e.log_fields())
             raise
@@ -238,7 +239,8 @@ class HaNode(Extension):
         # Journaled with the state change: "primary of this epoch, nobody ready yet", before the first list is (a
         # crash in between must not leave a primary whose journal names no list of its epoch; ha.core.restart).
         self.ready_view = ReadyView(self.epoch, 0, self.server.id)
-        self.set_state(HaState.RECOVERING, "promoted with the newest store" if restarted else "promoted",
+        self.set_state(Trigger.PROMOTE if from_state == HaState.READY else Trigger.FORCE_PROMOTE,
+                       "promoted with the newest store" if restarted else "promoted",
                        forced=forced or from_state != HaState.READY)
         log.warning("ha.promoted", epoch=self.epoch, from_state=from_state.value, forced=forced,
                     expected_backups=expected)
@@ -259,7 +261,7 @@ class HaNode(Extension):
         return self.epoch == 0 and self.state == HaState.JOINING
 
     def recovered(self, waited: float, timed_out: list[str]) -> None:
-        self.set_state(HaState.ACTIVE, "expected backups caught up" if not timed_out else "backup timeout")
+        self.set_state(Trigger.RECOVERED, "expected backups caught up" if not timed_out else "backup timeout")
         log.info("ha.active", epoch=self.epoch, waited_seconds=round(waited, 3), timed_out=timed_out)
 
     def demote(self, reason: str) -> None:
@@ -272,7 +274,7 @@ class HaNode(Extension):
         # Clients go now, links first: an outcome or a transfer still on its way (a link cut and healed) must not
         # touch what is now a replica (a consumer's accept would dequeue here, and be confirmed, on a backup).
         self.server.connections.close_clients("amqp:connection:forced", f"{self.server.id} stepped down: {reason}")
-        self.set_state(HaState.JOINING, reason)
+        self.set_state(Trigger.DEMOTE, reason)
         self._become_backup()
 
     # ----- connection policy ------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """HA states, roles and the transition table.
 
-The table ``TRANSITIONS`` is the single source of truth: ``transition()`` refuses anything not in it, and
-``docs/states.md`` is generated from it (``python -m ha.core.states > docs/states.md``).
+The table ``TRANSITIONS`` is the single source of truth: ``docs/states.md`` is generated from it
+(``python -m ha.core.states > docs/states.md``). The broker does not pick target states: it reports what happened
+(a ``Trigger``) and ``fire(state, trigger)`` looks the next state up (each (state, trigger) pair has at most one
+entry, checked at import), refusing a trigger the table has no entry for. ``transition()`` checks an explicit
+(from, to) pair against the same table.
 
 Forced promotion: promoting a backup that is not ready (``joining``/``catchup`` -> ``recovering``) is in the table but
 marked ``forced``; ``transition()`` refuses it unless the caller passes ``forced=True`` (``ha-admin promote --force``).
@@ -115,6 +118,11 @@ TRANSITIONS: Mapping[tuple[HaState, HaState], Transition] = MappingProxyType(
 )
 del S
 
+NEXT: Mapping[tuple[HaState, Trigger], tuple[HaState, Transition]] = MappingProxyType(
+    {(frm, t.trigger): (to, t) for (frm, to), t in TRANSITIONS.items()})
+if len(NEXT) != len(TRANSITIONS):  # pragma: no cover - a table error, caught by any import
+    raise AssertionError("two transitions from one state on one trigger: the trigger must pick the transition")
+
 
 class IllegalTransition(Exception):
     """A transition that is not in ``TRANSITIONS`` (or a forced one without ``forced=True``) was attempted.
@@ -124,7 +132,8 @@ class IllegalTransition(Exception):
     """
 
     def __init__(
-        self, from_state: HaState, to_state: HaState, reason: str, *, needs_force: bool = False
+        self, from_state: HaState, to_state: HaState | None, reason: str, *, needs_force: bool = False,
+        trigger: Trigger | None = None,
     ) -> None:
         self.from_state = from_state
         self.to_state = to_state
@@ -135,13 +144,25 @@ class IllegalTransition(Exception):
             if needs_force
             else "not in the transition table"
         )
-        super().__init__(
-            f"illegal HA state transition {from_state.value} -> {to_state.value} ({reason}): {detail}"
-        )
+        target = to_state.value if to_state is not None else f"? on {trigger.value if trigger else 'nothing'}"
+        super().__init__(f"illegal HA state transition {from_state.value} -> {target} ({reason}): {detail}")
 
     def log_fields(self) -> dict[str, str]:
         """Fields of the ``ha.state.illegal`` event (docs/events.md)."""
-        return {"from_state": self.from_state.value, "to_state": self.to_state.value, "reason": self.reason}
+        to = self.to_state.value if self.to_state is not None else "none"
+        return {"from_state": self.from_state.value, "to_state": to, "reason": self.reason}
+
+
+def fire(current: HaState, trigger: Trigger, reason: str, *, forced: bool = False) -> HaState:
+    """The state ``trigger`` leads to from ``current`` (the table's entry), else ``IllegalTransition``. A forced
+    entry (promotion of a backup that is not ready) needs ``forced=True``."""
+    entry = NEXT.get((current, trigger))
+    if entry is None:
+        raise IllegalTransition(current, None, reason, trigger=trigger)
+    to, t = entry
+    if t.forced and not forced:
+        raise IllegalTransition(current, to, reason, needs_force=True)
+    return to
 
 
 def transition(current: HaState, to: HaState, reason: str, *, forced: bool = False) -> HaState:

@@ -13,6 +13,7 @@ from ha.core.states import (
     Role,
     Trigger,
     allowed_targets,
+    fire,
     render_markdown,
     render_mermaid,
     transition,
@@ -101,3 +102,40 @@ def test_docs_states_md_is_generated_from_the_table() -> None:
     assert DOC.read_text() == render_markdown(), (
         "docs/states.md is out of date: run `python -m ha.core.states > docs/states.md`"
     )
+
+
+# ----- the trigger picks the transition (what the broker calls: HaNode.set_state) ----------------------------------
+EVENTS = [
+    (S.JOINING, Trigger.PRIMARY_CONNECTED, S.CATCHUP),
+    (S.READY, Trigger.PRIMARY_CONNECTED, S.CATCHUP),
+    (S.CATCHUP, Trigger.CAUGHT_UP, S.READY),
+    (S.CATCHUP, Trigger.PRIMARY_LOST, S.JOINING),
+    (S.READY, Trigger.PROMOTE, S.RECOVERING),
+    (S.RECOVERING, Trigger.RECOVERED, S.ACTIVE),
+    (S.RECOVERING, Trigger.DEMOTE, S.JOINING),
+    (S.ACTIVE, Trigger.DEMOTE, S.JOINING),
+]
+
+
+@pytest.mark.parametrize(("frm", "trigger", "to"), EVENTS)
+def test_a_trigger_leads_where_the_table_says(frm: HaState, trigger: Trigger, to: HaState) -> None:
+    assert fire(frm, trigger, "test") is to
+
+
+@pytest.mark.parametrize("frm", [S.JOINING, S.CATCHUP])
+def test_promoting_a_backup_that_is_not_ready_needs_force(frm: HaState) -> None:
+    with pytest.raises(IllegalTransition, match="requires a forced promotion"):
+        fire(frm, Trigger.FORCE_PROMOTE, "promote")
+    assert fire(frm, Trigger.FORCE_PROMOTE, "promote --force", forced=True) is S.RECOVERING
+
+
+def test_every_other_state_and_trigger_is_refused_with_both_named() -> None:
+    known = {(f, t) for f, t, _ in EVENTS} | {(S.JOINING, Trigger.FORCE_PROMOTE), (S.CATCHUP, Trigger.FORCE_PROMOTE)}
+    assert len(known) == len(TRANSITIONS)  # every table entry is reachable by its trigger
+    for frm in HaState:
+        for trigger in Trigger:
+            if (frm, trigger) in known:
+                continue
+            with pytest.raises(IllegalTransition, match=f"{frm.value} -> \\? on {trigger.value}") as e:
+                fire(frm, trigger, "x", forced=True)
+            assert e.value.log_fields()["to_state"] == "none"
