@@ -36,7 +36,7 @@ from ha.core.txnparts import TxnParts, TxnPartsError
 from ha.replica import QueueReplicator
 
 if TYPE_CHECKING:
-    from ha.node import HaNode
+    from ha.ports import NodeSide
 
 log = get_logger("ha.backup")
 
@@ -51,7 +51,7 @@ CONTROL_CREDIT = 100
 class Backup:
     """The handler of the connection to the primary (the event loop calls its `on_*` methods)."""
 
-    def __init__(self, node: HaNode) -> None:
+    def __init__(self, node: NodeSide) -> None:
         self.node = node
         self.server: Server = node.server
         self.config = node.config

@@ -9,7 +9,7 @@ once when it changes (`ha.coordinator.decision`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker.log import get_logger
 from ha.coordination.base import Callbacks, ClusterView, Coordinator, MemberRecord
@@ -18,13 +18,49 @@ from ha.coordination.zookeeper import ZooKeeperCoordinator
 from ha.core.states import HaState
 
 if TYPE_CHECKING:
-    from ha.node import HaNode
+    from broker.config import BrokerConfig
+    from broker.server import Server
 
 log = get_logger("ha.coordinator")
 
 
+class _Kickable(Protocol):
+    def kick(self) -> None: ...
+
+
+class _Counting(Protocol):
+    def ready_names(self) -> list[str]: ...
+
+
+class NodeSide(Protocol):
+    """What the coordinated role uses of its broker's HA node (ha.node.HaNode), so that this module does not import
+    it (no import circle under ha/)."""
+
+    server: Server
+    config: BrokerConfig
+    address: str
+    epoch: int
+    ready_epoch: int
+    state: HaState
+
+    @property
+    def primary(self) -> _Counting | None: ...
+
+    @property
+    def backup(self) -> _Kickable | None: ...
+
+    def position(self) -> int: ...
+
+    def adopt_epoch(self, epoch: int) -> None: ...
+
+    def promote(self, forced: bool = False, epoch: int | None = None,
+                newest_store: bool = False) -> tuple[bool, str]: ...
+
+    def demote(self, reason: str) -> None: ...
+
+
 class CoordinatedRole:
-    def __init__(self, node: HaNode, coordinator: Coordinator) -> None:
+    def __init__(self, node: NodeSide, coordinator: Coordinator) -> None:
         self.node = node
         self.coord = coordinator
         self.forced = False
@@ -32,7 +68,7 @@ class CoordinatedRole:
         self.published_epoch = 0  # the newest epoch of ours whose ready set the coordinator holds
 
     @classmethod
-    def zookeeper(cls, node: HaNode) -> CoordinatedRole:
+    def zookeeper(cls, node: NodeSide) -> CoordinatedRole:
         cfg = node.config
         assert cfg.zk_hosts is not None
         coord = ZooKeeperCoordinator(cfg.zk_hosts, cfg.zk_path, node.server.id, node.address,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from proton import Message
@@ -36,29 +36,16 @@ from ha.core.idset import PositionSet
 from ha.core.lag import LagHistogram, LagSampler
 from ha.core.membership import Member, Membership
 from ha.core.states import HaState, Role
-from ha.replicating import AckLink, QueueWatch, ReplicatingSender, StatusLink
+from ha.replicating import AckLink, QueueWatch, RemoteBackup, ReplicatingSender, StatusLink
 
 if TYPE_CHECKING:
-    from ha.node import HaNode
+    from ha.ports import NodeSide
 
 log = get_logger("ha.primary")
 _tags = itertools.count(1)
 
-@dataclass(eq=False)
-class RemoteBackup:
-    name: str
-    address: str
-    epoch: int
-    conn: ConnectionState
-    connected_at: float
-    catchup: BackupCatchup
-    state: HaState = HaState.CATCHUP
-    senders: dict[str, ReplicatingSender] = field(default_factory=dict)
-    wiring_done: bool = False  # the backup attached its status link: wiring mirrored, browsers requested
-
-
 class Primary:
-    def __init__(self, node: HaNode, expected: Iterable[str], previous_epoch: int) -> None:
+    def __init__(self, node: NodeSide, expected: Iterable[str], previous_epoch: int) -> None:
         self.node = node
         self.server: Server = node.server
         self.config = node.config

@@ -10,7 +10,7 @@ backup applies a transaction all or none.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cproton import pn_delivery_tag
 from proton import Condition, Endpoint, Message
@@ -26,9 +26,47 @@ from ha.core import batch as B
 from ha.core.idset import PositionSet
 
 if TYPE_CHECKING:
-    from ha.backup import Backup
+    from broker.config import BrokerConfig
+    from broker.server import Server
+    from ha.core.txnparts import TxnParts
 
 log = get_logger("ha.backup")
+
+
+class _Standing(Protocol):
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def ready_epoch(self) -> int: ...
+
+
+class BackupSide(Protocol):
+    """What a QueueReplicator uses of its backup (ha.backup.Backup), so that this module does not import it (no
+    import circle under ha/)."""
+
+    server: Server
+    config: BrokerConfig
+    ack_link: Any
+    dequeue_acks: bool
+    replicators: dict[str, QueueReplicator]
+    txn_parts: TxnParts[tuple[QueueReplicator, list[B.Record]]]
+
+    @property
+    def node(self) -> _Standing: ...
+
+    def receiver(self, address: str | None, name: str, credit: int, dynamic: bool = False,
+                 properties: dict[str, Any] | None = None) -> Any: ...
+
+    def _maybe_replicate(self, q: Queue) -> None: ...
+
+    def txn_part(self, r: QueueReplicator, records: list[B.Record]) -> None: ...
+
+    def replicator_ended(self, name: str) -> None: ...
+
+    def acked(self, queue: str, positions: list[int]) -> None: ...
+
+    def dequeue_applied(self, queue: str, lo: int, hi: int) -> None: ...
 
 
 class QueueReplicator:
@@ -38,7 +76,7 @@ class QueueReplicator:
     the rare-event path (`on_link_remote_open`/`close`).
     """
 
-    def __init__(self, backup: Backup, queue: Queue) -> None:
+    def __init__(self, backup: BackupSide, queue: Queue) -> None:
         self.backup = backup
         self.queue = queue
         self.closed = False

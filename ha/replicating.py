@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cproton import pn_delivery_tag
 from proton import Message
@@ -24,10 +25,14 @@ from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReas
 from ha import protocol as P
 from ha.core.accepts import AcceptGroup, DequeueWaits
 from ha.core.batch import ENQUEUE, BatchWriter, is_binary_acks, negotiate, parse_acks
+from ha.core.catchup import BackupCatchup
+from ha.core.guards import GuardBook
 from ha.core.idset import PositionSet
+from ha.core.states import HaState
 
 if TYPE_CHECKING:
-    from ha.primary import Primary, RemoteBackup
+    from broker.config import BrokerConfig
+    from broker.server import Server
 
 log = get_logger("ha.primary")
 _tags = itertools.count(1)
@@ -44,6 +49,38 @@ CATCHUP_CHUNK = 4096  # catch-up positions taken from the plan at a time
 StateOp = tuple[Any, ...]
 
 
+@dataclass(eq=False)
+class RemoteBackup:
+    """The primary's record of one connected backup."""
+
+    name: str
+    address: str
+    epoch: int
+    conn: ConnectionState
+    connected_at: float
+    catchup: BackupCatchup
+    state: HaState = HaState.CATCHUP
+    senders: dict[str, ReplicatingSender] = field(default_factory=dict)
+    wiring_done: bool = False  # the backup attached its status link: wiring mirrored, browsers requested
+
+
+class PrimarySide(Protocol):
+    """What the links of this module use of their primary (ha.primary.Primary), so that this module does not import
+    it (no import circle under ha/)."""
+
+    config: BrokerConfig
+    server: Server
+    guards: GuardBook[Completion]
+    watches: dict[str, QueueWatch]
+    changed: list[QueueWatch]
+    to_run: set[ReplicatingSender]
+    status_links: set[StatusLink]
+
+    def acked(self, b: RemoteBackup, queue: str, positions: PositionSet) -> None: ...
+
+    def check_ready(self, b: RemoteBackup) -> None: ...
+
+
 class QueueWatch:
     """One per queue on the primary: collects what a pass enqueued and dequeued, and hands it over at the end of
     the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
@@ -52,7 +89,7 @@ class QueueWatch:
     __slots__ = ("accepts", "fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue",
                  "returned", "scheduled", "senders", "taken")
 
-    def __init__(self, primary: Primary, queue: str) -> None:
+    def __init__(self, primary: PrimarySide, queue: str) -> None:
         self.primary = primary
         self.queue = queue
         self.senders: dict[str, ReplicatingSender] = {}
@@ -168,7 +205,7 @@ class ReplicatingSender(LinkHandler):
     """The primary end of a replicating browser: catch-up (newest first), live enqueues, dequeue ranges; one batch
     transfer per pass (or one transfer per message for a backup without the batch format)."""
 
-    def __init__(self, primary: Primary, link: Any, conn: ConnectionState, queue: Queue, backup: RemoteBackup,
+    def __init__(self, primary: PrimarySide, link: Any, conn: ConnectionState, queue: Queue, backup: RemoteBackup,
                  plan: Any, batch: bool) -> None:
         super().__init__(primary.server, link, conn)
         self.primary = primary
@@ -495,7 +532,7 @@ class AckLink(LinkHandler):
 
     CREDIT = 100
 
-    def __init__(self, primary: Primary, link: Any, conn: ConnectionState, backup: RemoteBackup) -> None:
+    def __init__(self, primary: PrimarySide, link: Any, conn: ConnectionState, backup: RemoteBackup) -> None:
         super().__init__(primary.server, link, conn)
         self.primary = primary
         self.backup = backup
@@ -535,7 +572,7 @@ class AckLink(LinkHandler):
 class StatusLink(LinkHandler):
     """`$ha.status`: the membership list, re-sent on every change (pre-settled)."""
 
-    def __init__(self, primary: Primary, link: Any, conn: ConnectionState) -> None:
+    def __init__(self, primary: PrimarySide, link: Any, conn: ConnectionState) -> None:
         super().__init__(primary.server, link, conn)
         self.primary = primary
         self.pending: deque[bytes] = deque()

@@ -1,0 +1,41 @@
+"""What the role objects (ha.primary.Primary, ha.backup.Backup) use of their broker's HA node (ha.node.HaNode).
+
+HaNode owns them and imports them; they see it only through `NodeSide`, so no module under ha/ imports its owner
+(no import circle: tests/unit/test_ha_imports.py). mypy checks that HaNode satisfies it where it passes itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
+    from broker.server import Server
+    from ha.coordinated import CoordinatedRole
+    from ha.core.membership import Membership
+    from ha.core.states import HaState, Trigger
+
+
+class NodeSide(Protocol):
+    server: Server
+    config: BrokerConfig
+    address: str
+    epoch: int
+    ready_epoch: int  # the newest epoch it was primary or ready in
+    state: HaState
+    membership: Membership
+    default_level: str  # the cluster's replication level; a backup takes its primary's
+    primary_public_url: str | None  # a backup learns it from its primary
+
+    @property
+    def coordinated(self) -> CoordinatedRole | None: ...
+
+    def set_state(self, trigger: Trigger, reason: str, forced: bool = False) -> None: ...
+
+    def set_membership(self, m: Membership) -> None: ...
+
+    def adopt_epoch(self, epoch: int) -> None: ...
+
+    def recovered(self, waited: float, timed_out: list[str]) -> None: ...
+
+    def demote(self, reason: str) -> None: ...
