@@ -1,0 +1,130 @@
+"""The real CoordinatedRole (ha.coordinated) driven through the in-memory coordinator, without a Server: it sees its
+broker only through `NodeSide`, so a small stand-in node is enough (the stand-in follows HaNode.promote's rule: a
+ready backup, a forced promotion, a brand-new broker, or a joining one elected with the newest store)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from ha.coordinated import CoordinatedRole
+from ha.coordination.election import Action, Decision, Reason
+from ha.coordination.memory import MemoryStore
+from ha.core.states import HaState
+
+
+class Primary:
+    def __init__(self) -> None:
+        self.ready: list[str] = []
+
+    def ready_names(self) -> list[str]:
+        return list(self.ready)
+
+
+class Node:
+    """A broker's HA node as far as CoordinatedRole can tell (ha.coordinated.NodeSide)."""
+
+    def __init__(self, name: str) -> None:
+        self.calls: list[Callable[[], None]] = []  # call_soon_threadsafe: run when the test says
+        self.server: Any = SimpleNamespace(id=name, call_soon_threadsafe=self.calls.append)
+        self.config: Any = SimpleNamespace()
+        self.address = f"h{name}:5672"
+        self.epoch = 0
+        self.ready_epoch = 0
+        self.state = HaState.JOINING
+        self.primary: Primary | None = None
+        self.backup: Any = SimpleNamespace(kick=lambda: None)
+        self.promotions: list[tuple[bool, int | None, bool]] = []
+
+    def run(self) -> None:
+        while self.calls:
+            self.calls.pop(0)()
+
+    def position(self) -> int:
+        return 0
+
+    def adopt_epoch(self, epoch: int) -> None:
+        self.epoch = max(self.epoch, epoch)
+
+    def promote(self, forced: bool = False, epoch: int | None = None,
+                newest_store: bool = False) -> tuple[bool, str]:
+        self.promotions.append((forced, epoch, newest_store))
+        brand_new = self.epoch == 0 and self.state == HaState.JOINING
+        if not (self.state == HaState.READY or forced or brand_new
+                or (newest_store and self.state == HaState.JOINING)):
+            return False, f"refusing to promote a backup in state {self.state.value}"
+        self.epoch = max(self.epoch + 1, epoch or 0)
+        self.ready_epoch = self.epoch
+        self.state = HaState.ACTIVE
+        self.primary = Primary()
+        return True, "promoted"
+
+    def demote(self, reason: str) -> None:
+        self.state = HaState.JOINING
+        self.primary = None
+
+
+def start(store: MemoryStore, name: str) -> tuple[Node, CoordinatedRole]:
+    node = Node(name)
+    role = CoordinatedRole(node, store.coordinator(name))
+    role.start()
+    node.run()
+    return node, role
+
+
+def settle(store: MemoryStore, *nodes: Node) -> None:
+    """Deliver everything queued, until nothing more happens."""
+    for _ in range(20):
+        for n in nodes:
+            n.run()
+        store.reconcile()
+        if not any(n.calls for n in nodes):
+            return
+
+
+def test_a_new_primary_settles_nothing_before_its_epochs_ready_set_is_published() -> None:
+    store = MemoryStore()
+    node, role = start(store, "b1")
+    settle(store, node)
+    assert node.primary is not None and node.epoch == 1
+    assert store.ready_epoch == 1 and store.ready_leader == "b1"  # published at the promotion
+    assert role.published_epoch == 1 and role.may_settle()
+
+    # a later promotion, before the coordinator confirmed the publication: held until it does
+    node.demote("test")
+    role.published_epoch = 0
+    node.primary, node.epoch = Primary(), 2
+    assert not role.may_settle()
+
+
+def test_promotion_takes_newest_store_from_the_rule_not_from_the_last_decision() -> None:
+    """The 1000-fault soak's stop: a deposed primary, alone in its ready set, elected again while its last
+    decision was still the withdrawal of its demotion, refused to promote and left the cluster without a primary."""
+    store = MemoryStore()
+    node, role = start(store, "b1")
+    settle(store, node)
+    assert node.primary is not None and store.ready_set == frozenset() and store.ready_leader == "b1"
+    store.expire("b1")  # cut off: deposed; nobody else was ready with it
+    settle(store, node)
+    assert node.primary is None and node.state == HaState.JOINING
+    role.last = Decision(Action.WITHDRAW, Reason.NOT_READY, 1)  # what it decided while being deposed
+    store.reconnect("b1")
+    settle(store, node)
+    assert node.primary is not None, node.promotions
+    assert node.promotions[-1][2] is True  # promoted with the newest store (its journal holds everything)
+    assert node.epoch == 2 and store.ready_epoch == 2 and role.may_settle()
+
+
+def test_only_the_newest_store_takes_over_when_nobody_was_ready() -> None:
+    store = MemoryStore()
+    n1, _ = start(store, "b1")
+    settle(store, n1)
+    n2, _ = start(store, "b2")  # joining: not in b1's ready set, never a candidate
+    settle(store, n1, n2)
+    store.expire("b1")
+    settle(store, n1, n2)
+    assert store.leader is None and n2.promotions == []
+    store.reconnect("b1")
+    settle(store, n1, n2)
+    assert store.leader == "b1" and n1.primary is not None and n2.primary is None
