@@ -1,68 +1,13 @@
 """The real CoordinatedRole (ha.coordinated) driven through the in-memory coordinator, without a Server: it sees its
-broker only through `NodeSide`, so a small stand-in node is enough (the stand-in follows HaNode.promote's rule: a
-ready backup, a forced promotion, a brand-new broker, or a joining one elected with the newest store)."""
+broker only through `NodeSide`, so a small stand-in node is enough (tests/support/coordinated.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from types import SimpleNamespace
-from typing import Any
 
 from ha.coordinated import CoordinatedRole
 from ha.coordination.election import Action, Decision, Reason
 from ha.coordination.memory import MemoryStore
 from ha.core.states import HaState
-
-
-class Primary:
-    def __init__(self) -> None:
-        self.ready: list[str] = []
-
-    def ready_names(self) -> list[str]:
-        return list(self.ready)
-
-
-class Node:
-    """A broker's HA node as far as CoordinatedRole can tell (ha.coordinated.NodeSide)."""
-
-    def __init__(self, name: str) -> None:
-        self.calls: list[Callable[[], None]] = []  # call_soon_threadsafe: run when the test says
-        self.server: Any = SimpleNamespace(id=name, call_soon_threadsafe=self.calls.append)
-        self.config: Any = SimpleNamespace()
-        self.address = f"h{name}:5672"
-        self.epoch = 0
-        self.ready_epoch = 0
-        self.state = HaState.JOINING
-        self.primary: Primary | None = None
-        self.backup: Any = SimpleNamespace(kick=lambda: None)
-        self.promotions: list[tuple[bool, int | None, bool]] = []
-
-    def run(self) -> None:
-        while self.calls:
-            self.calls.pop(0)()
-
-    def position(self) -> int:
-        return 0
-
-    def adopt_epoch(self, epoch: int) -> None:
-        self.epoch = max(self.epoch, epoch)
-
-    def promote(self, forced: bool = False, epoch: int | None = None,
-                newest_store: bool = False) -> tuple[bool, str]:
-        self.promotions.append((forced, epoch, newest_store))
-        brand_new = self.epoch == 0 and self.state == HaState.JOINING
-        if not (self.state == HaState.READY or forced or brand_new
-                or (newest_store and self.state == HaState.JOINING)):
-            return False, f"refusing to promote a backup in state {self.state.value}"
-        self.epoch = max(self.epoch + 1, epoch or 0)
-        self.ready_epoch = self.epoch
-        self.state = HaState.ACTIVE
-        self.primary = Primary()
-        return True, "promoted"
-
-    def demote(self, reason: str) -> None:
-        self.state = HaState.JOINING
-        self.primary = None
+from tests.support.coordinated import Node, Primary
 
 
 def start(store: MemoryStore, name: str) -> tuple[Node, CoordinatedRole]:

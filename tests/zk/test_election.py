@@ -1,4 +1,5 @@
-"""The election rules (ha.coordination.election), driven through the in-memory coordinator.  No server needed."""
+"""The election rules (ha.coordination.election), driven through the in-memory coordinator and the real
+CoordinatedRole (on a stand-in node).  No server needed."""
 
 from __future__ import annotations
 
@@ -6,61 +7,88 @@ from dataclasses import replace
 
 import pytest
 
-from ha.coordination.base import Callbacks, ClusterView, MemberRecord, Session, WaitReason
+from ha.coordinated import CoordinatedRole
+from ha.coordination.base import ClusterView, MemberRecord, Session, WaitReason
 from ha.coordination.election import Action, Reason, decide, next_epoch, should_attempt
 from ha.coordination.memory import MemoryCoordinator, MemoryStore
+from ha.core.states import HaState
+from tests.support.coordinated import Node
 
 
 class FakeBroker:
-    """What the broker does with decisions: one view, one `decide`, one action (the lead wires the real one)."""
+    """The real CoordinatedRole (ha.coordinated) on a stand-in node (tests/support/coordinated.py), with what it did
+    recorded: each decision, each election won, each leadership lost."""
 
     def __init__(self, store: MemoryStore, name: str, state: str = "joining", epoch: int = 0,
-                 position: int = 0) -> None:
-        self.record = MemberRecord(name, f"h{name}:5672", "backup", state, epoch, position)
+                 position: int = 0, peers: dict[str, FakeBroker] | None = None) -> None:
+        self.peers = peers if peers is not None else {}
+        self.peers[name] = self
+        self.node = Node(name, immediate=True)
+        self.node.state, self.node.epoch, self.node.data_position = HaState(state), epoch, position
         self.coordinator: MemoryCoordinator = store.coordinator(name)
+        self.role = CoordinatedRole(self.node, self.coordinator)
         self.decisions: list[tuple[Action, Reason]] = []
         self.elected: list[int] = []
-        self.paused = False
-        self.forced = False
         self.lost = 0
-        self.coordinator.start(Callbacks(on_elected=self.elected.append, on_lost=self._on_lost, on_view=self.on_view))
-        self.coordinator.publish(self.record)
+        on_view, on_elected, on_lost = self.role.on_view, self.role.on_elected, self.role.on_lost
 
-    def _on_lost(self) -> None:
-        self.lost += 1
+        def viewed(view: ClusterView) -> None:
+            on_view(view)
+            assert self.role.last is not None
+            self.decisions.append((self.role.last.action, self.role.last.reason))
 
-    def force_promote(self) -> None:
-        self.forced = True
-        self.coordinator.contend(force=True)
+        def elected(epoch: int) -> None:
+            self.elected.append(epoch)
+            on_elected(epoch)
+
+        def lost() -> None:
+            self.lost += 1
+            on_lost()
+
+        self.role.on_view, self.role.on_elected, self.role.on_lost = viewed, elected, lost  # type: ignore[method-assign]
+        self.role.start()
 
     @property
     def name(self) -> str:
-        return self.record.name
+        return self.node.server.id  # type: ignore[no-any-return]
 
-    def set(self, **changes: object) -> None:
-        self.record = replace(self.record, **changes)  # type: ignore[arg-type]
-        self.coordinator.publish(self.record)
+    @property
+    def record(self) -> MemberRecord:
+        return self.role.record()
 
-    def on_view(self, view: ClusterView) -> None:
-        decision = decide(self.record, view, forced=self.forced)
-        self.decisions.append((decision.action, decision.reason))
-        if decision.action is Action.CONTEND:
-            self.coordinator.contend(force=self.forced)
-        elif decision.action is Action.WITHDRAW:
-            self.coordinator.withdraw()
-        elif decision.action is Action.PROMOTE:
-            self.forced = False
-            self.set(role="primary", state="active", epoch=decision.epoch)
-        elif decision.action is Action.DEMOTE:
-            self.coordinator.withdraw()
-            self.set(role="backup", state="joining")
-        self.paused = decision.action is Action.PAUSE
+    @property
+    def paused(self) -> bool:
+        return self.role.last is not None and self.role.last.action is Action.PAUSE
+
+    def force_promote(self) -> None:
+        self.role.forced = True
+        self.coordinator.contend(force=True)
+
+    def set(self, state: str | None = None, epoch: int | None = None, position: int | None = None) -> None:
+        n = self.node
+        if state is not None:
+            n.state = HaState(state)
+            if n.state is HaState.READY:
+                n.ready_epoch = max(n.ready_epoch, epoch if epoch is not None else n.epoch)
+        if epoch is not None:
+            n.epoch = epoch
+        if position is not None:
+            n.data_position = position
+        self.role.publish()
+        if n.state is HaState.READY:  # as a primary does when a backup becomes ready: it joins the ready set
+            for p in self.peers.values():
+                if p.node.primary is not None and self.name not in p.node.primary.ready:
+                    p.node.primary.ready.append(self.name)
+                    p.role.ready_set_changed(p.node.primary.ready_names())
 
 
 def brokers(store: MemoryStore, *specs: tuple[str, str, int]) -> dict[str, FakeBroker]:
     """Brokers starting at the same moment."""
+    peers: dict[str, FakeBroker] = {}
     with store.simultaneously():
-        return {name: FakeBroker(store, name, state, epoch=0, position=pos) for name, state, pos in specs}
+        for name, state, pos in specs:
+            FakeBroker(store, name, state, epoch=0, position=pos, peers=peers)
+    return peers
 
 
 def test_brand_new_cluster_elects_one_primary_without_any_ready_broker() -> None:
@@ -84,7 +112,7 @@ def test_the_most_current_ready_backup_succeeds_a_dead_primary() -> None:
 
     store.expire("b1")
 
-    assert (Action.DEMOTE, Reason.SESSION_LOST) in b["b1"].decisions
+    assert b["b1"].lost == 1 and b["b1"].record.role == "backup"  # demoted at once, as its session was lost
     assert store.leader == "b3" and b["b3"].elected == [2]
     assert b["b2"].elected == []
 
@@ -100,8 +128,10 @@ def test_backups_in_catchup_never_win_and_the_view_says_why() -> None:
     view = b["b2"].coordinator.view()
     assert (view.leader, view.reason) == (None, WaitReason.NO_READY_MEMBER)
     assert store.elections == 1
-    b["b3"].set(state="ready")  # the first backup to be ready takes over
-    assert store.leader == "b3" and b["b3"].elected == [2]
+    # One says "ready" now, with no primary to have caught up from: not in the dead primary's ready set, it waits
+    b["b3"].set(state="ready")
+    assert store.leader is None and b["b3"].elected == []
+    assert b["b3"].coordinator.view().reason is WaitReason.NO_CANDIDATE_IN_READY_SET
 
 
 def test_a_suspended_primary_pauses_and_resumes_with_its_session() -> None:
