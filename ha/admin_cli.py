@@ -93,11 +93,12 @@ class Ctx:
 @click.pass_context
 def cli(
     ctx: click.Context, broker: str, timeout: float, user: str | None, password: str | None, socket: Path | None,
-    ssl_ca: Path | None, ssl_cert: Path | None, ssl_key: Path | None, ssl_verify_hostname: bool,
+    ssl_ca: Path | None, ssl_cert: Path | None, ssl_key: Path | None, ssl_key_password_file: Path | None,
+    ssl_verify_hostname: bool,
 ) -> None:
     """Operate one Understudy broker."""
     try:
-        tls = cli_tls.settings(ssl_ca, ssl_cert, ssl_key, ssl_verify_hostname)
+        tls = cli_tls.settings(ssl_ca, ssl_cert, ssl_key, ssl_verify_hostname, ssl_key_password_file)
     except TlsError as e:
         usage(str(e))
     ctx.obj = Ctx(broker, timeout, user, password, socket, tls)

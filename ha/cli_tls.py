@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from proton import SSLDomain
 
-from broker.tls import ClientTls, TlsError, check_files, client_domain
+from broker.tls import ClientTls, TlsError, check_files, client_domain, read_password
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -19,13 +19,16 @@ _PATH = click.Path(path_type=Path)
 
 def tls_options(f: F) -> F:
     """--ssl-ca (TLS on: the CA that signs the brokers' certificates), --ssl-cert/--ssl-key (this tool's own
-    certificate, for a broker with --ssl-require-client-cert), --no-ssl-verify-hostname."""
+    certificate, for a broker with --ssl-require-client-cert; --ssl-key-password-file for an encrypted key),
+    --no-ssl-verify-hostname."""
     for option in reversed((
         click.option("--ssl-ca", type=_PATH, default=None,
                      help="connect over TLS, trusting brokers whose certificate this CA signed"),
         click.option("--ssl-cert", type=_PATH, default=None,
                      help="client certificate (for brokers with --ssl-require-client-cert)"),
         click.option("--ssl-key", type=_PATH, default=None, help="key of --ssl-cert"),
+        click.option("--ssl-key-password-file", type=_PATH, default=None,
+                     help="file whose first line is the passphrase of an encrypted --ssl-key"),
         click.option("--ssl-verify-hostname/--no-ssl-verify-hostname", default=True, show_default=True,
                      help="the broker's certificate must name the host given in --broker"),
     )):
@@ -33,18 +36,20 @@ def tls_options(f: F) -> F:
     return f
 
 
-def settings(ca: Path | None, cert: Path | None, key: Path | None, verify_hostname: bool) -> ClientTls | None:
+def settings(ca: Path | None, cert: Path | None, key: Path | None, verify_hostname: bool,
+             key_password_file: Path | None = None) -> ClientTls | None:
     """The TLS settings of these options, or None (plain AMQP); a bad file or combination raises TlsError with the
     flag and the reason."""
     if ca is None:
-        if cert is not None or key is not None:
-            raise TlsError("--ssl-cert/--ssl-key need --ssl-ca (TLS is on only with the CA that signs the "
-                           "brokers' certificates)")
+        if cert is not None or key is not None or key_password_file is not None:
+            raise TlsError("--ssl-cert/--ssl-key/--ssl-key-password-file need --ssl-ca (TLS is on only with the CA "
+                           "that signs the brokers' certificates)")
         return None
-    problems = check_files(cert, key, ca)
+    password = read_password(key_password_file) if key_password_file is not None else None
+    problems = check_files(cert, key, ca, password=password)
     if problems:
         raise TlsError("; ".join(problems))
-    return ClientTls(ca, cert, key, verify_hostname)
+    return ClientTls(ca, cert, key, verify_hostname, password)
 
 
 def domain(tls: ClientTls | None) -> SSLDomain | None:

@@ -283,10 +283,11 @@ def check(broker: str, expect: str | None, timeout: float, user: str | None, pas
 @cli_tls.tls_options
 def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: str | None, is_primary: bool,
         timeout: float, user: str | None, password: str | None, zk_hosts: str | None, zk_path: str,
-        ssl_ca: Path | None, ssl_cert: Path | None, ssl_key: Path | None, ssl_verify_hostname: bool) -> None:
+        ssl_ca: Path | None, ssl_cert: Path | None, ssl_key: Path | None, ssl_key_password_file: Path | None,
+        ssl_verify_hostname: bool) -> None:
     """Show the HA cluster: members, roles, states, backlog and lag of each backup."""
     try:
-        tls = cli_tls.settings(ssl_ca, ssl_cert, ssl_key, ssl_verify_hostname)
+        tls = cli_tls.settings(ssl_ca, ssl_cert, ssl_key, ssl_verify_hostname, ssl_key_password_file)
     except TlsError as e:
         click.echo(f"ha-status: {e}", err=True)
         sys.exit(2)

@@ -218,6 +218,18 @@ def test_client_certificates_required(mutual: BrokerProcess, certs: Certs) -> No
     assert roundtrip(mutual.url, domain(certs.ca, certs.client, certs.client_key), "q-mutual", ["next"]) == ["kept"]
 
 
+def test_ha_admin_uses_an_encrypted_client_key_with_its_passphrase_file(mutual: BrokerProcess,
+                                                                         certs: Certs) -> None:
+    admin = [str(BIN / "ha-admin"), "-b", mutual.url, "--ssl-ca", str(certs.ca), "--ssl-cert", str(certs.server),
+             "--ssl-key", str(certs.server_key_encrypted)]  # a certificate the CA signed serves as a client's too
+    ok = subprocess.run([*admin, "--ssl-key-password-file", str(certs.key_password), "ping"], capture_output=True,
+                        text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    missing = subprocess.run([*admin, "ping"], capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 2 and "is encrypted: give its passphrase with --ssl-key-password-file" in \
+        missing.stderr, missing.stderr
+
+
 def test_ha_admin_talks_tls_and_explains_a_plain_attempt(tls_only: BrokerProcess, certs: Certs) -> None:
     admin = str(BIN / "ha-admin")
     ok = subprocess.run([admin, "-b", tls_only.url, "--ssl-ca", str(certs.ca), "ping"], capture_output=True,
