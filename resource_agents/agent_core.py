@@ -775,6 +775,8 @@ def check_values(params: Mapping[str, str]) -> list[Problem]:
         bad("ssl_ca: required with ssl_cert (a backup verifies its primary's certificate against it)")
     if not tls["ssl_cert"] and tls["ssl_ca"]:
         bad("ssl_ca: needs ssl_cert and ssl_key")
+    if tls["ssl_key_password_file"] and not tls["ssl_key"]:
+        bad("ssl_key_password_file: needs ssl_cert and ssl_key")
     require = params.get("ssl_require_client_cert", "")
     if require and require.lower() not in BOOLEANS:
         bad(f"ssl_require_client_cert: expected true or false, got {require!r}")
@@ -814,7 +816,7 @@ def broker_command(params: Mapping[str, str], ha_broker: str, node_name: str) ->
     return cmd + shlex.split(params.get("options", ""))
 
 
-TLS_FILES = ("ssl_cert", "ssl_key", "ssl_ca")
+TLS_FILES = ("ssl_cert", "ssl_key", "ssl_key_password_file", "ssl_ca")
 TRUE = ("true", "yes", "1", "on")
 BOOLEANS = (*TRUE, "false", "no", "0", "off")
 

@@ -226,6 +226,9 @@ GOOD = {
         ({"ssl_cert": "/s.pem", "ssl_key": "/k.pem"}, "ssl_ca"),
         ({"ssl_ca": "/ca.pem"}, "ssl_ca"),
         ({"ssl_require_client_cert": "true"}, "ssl_require_client_cert"),
+        ({"ssl_key_password_file": "/pw"}, "ssl_key_password_file"),
+        ({"ssl_cert": "/s.pem", "ssl_key": "/k.pem", "ssl_ca": "/ca.pem", "ssl_key_password_file": "pw"},
+         "ssl_key_password_file"),
         ({"ssl_cert": "/s.pem", "ssl_key": "/k.pem", "ssl_ca": "/ca.pem", "ssl_require_client_cert": "maybe"},
          "ssl_require_client_cert"),
     ],
@@ -257,11 +260,12 @@ def test_broker_command_starts_a_backup_with_the_contract_flags() -> None:
 
 
 def test_broker_command_passes_the_tls_parameters() -> None:
-    tls = {"ssl_cert": "/etc/u/s.pem", "ssl_key": "/etc/u/s.key", "ssl_ca": "/etc/u/ca.pem"}
+    tls = {"ssl_cert": "/etc/u/s.pem", "ssl_key": "/etc/u/s.key", "ssl_ca": "/etc/u/ca.pem",
+           "ssl_key_password_file": "/etc/u/s.pw"}
     assert core.check_values({**GOOD, **tls, "ssl_require_client_cert": "true"}) == []
     joined = " ".join(core.broker_command({**GOOD, **tls, "ssl_require_client_cert": "true"}, "ha-broker", "n1"))
     for part in ("--ssl-cert /etc/u/s.pem", "--ssl-key /etc/u/s.key", "--ssl-ca /etc/u/ca.pem",
-                 "--ssl-require-client-cert"):
+                 "--ssl-key-password-file /etc/u/s.pw", "--ssl-require-client-cert"):
         assert part in joined
     plain = " ".join(core.broker_command({**GOOD, **tls, "ssl_require_client_cert": "false"}, "ha-broker", "n1"))
     assert "--ssl-cert" in plain and "--ssl-require-client-cert" not in plain
