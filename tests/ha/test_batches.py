@@ -3,8 +3,7 @@ before them; a damaged batch is refused whole, logged, and replaced by a fresh c
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from tests.support.cluster import Cluster, free_ports
 from tests.support.corrupt_plugin import TYPE as CORRUPT
 from tests.support.numbered import numbers, spawn
 from tests.support.procs import BrokerFactory, BrokerProcess, wait_for
+from tests.support.releases import unpack
 
 Make = Callable[..., Cluster]
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,17 +57,9 @@ def test_every_mix_catches_up_replicates_live_and_fails_over(
 
 
 @pytest.fixture(scope="module")
-def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The broker as it was before batches, unpacked from git (skipped where the history is not there)."""
-    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}"],
-                           capture_output=True)
-    if found.returncode != 0:
-        pytest.skip(f"commit {PREVIOUS_RELEASE} is not in this clone")
-    dest = tmp_path_factory.mktemp("previous-release")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_RELEASE],
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    yield dest
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The broker as it was before batches."""
+    return unpack(PREVIOUS_RELEASE, tmp_path_factory, "previous-release")
 
 
 @pytest.mark.parametrize("older", ["primary", "backup"])

@@ -7,13 +7,16 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 from proton import Message, Timeout
 from proton.utils import BlockingConnection
 
 from tests.support.amqp import connect, drain, mgmt, send
-from tests.support.cluster import Cluster
-from tests.support.procs import wait_for
+from tests.support.cluster import Cluster, free_ports
+from tests.support.procs import BrokerFactory, wait_for
+from tests.support.releases import unpack
 from tests.support.txn import Txn
 
 Make = Callable[..., Cluster]
@@ -140,3 +143,42 @@ def test_a_transaction_the_primary_died_sending_is_applied_none_on_the_backup(cl
     assert "tb" not in got and got[:4] == [f"plain{i}" for i in range(4)], got
     discarded = [e for e in c[1].events() if e["event"] == "ha.transaction.discarded"]
     assert [(e["count"], e["batches"] >= 1) for e in discarded] == [(1, True)]
+
+
+BATCH_V2_RELEASE = "98ad577"  # the last commit before batch format version 3 (transaction units)
+
+
+@pytest.fixture(scope="module")
+def batch_v2_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(BATCH_V2_RELEASE, tmp_path_factory, "batch-v2-release")
+
+
+def test_a_backup_of_the_release_before_transaction_units_gets_a_settled_commit_whole(
+        brokers: BrokerFactory, batch_v2_release: Path) -> None:
+    """During a rolling upgrade a backup that reads batches up to version 2 gets a commit's records queue by queue
+    (docs/transactions.md): a commit the client saw settle is still all there after a failover to it."""
+    assert "VERSION_MAX = 2" in (batch_v2_release / "ha" / "core" / "batch.py").read_text()  # no units there
+    ports = free_ports(2)
+    url = ",".join(f"127.0.0.1:{p}" for p in ports)
+    args = ["--ha-cluster", "--ha-brokers-url", url, "--ha-heartbeat", "1", "--ha-backup-timeout", "5"]
+    primary = brokers(*args, name="b1", port=ports[0], start=False)
+    backup = brokers(*args, name="b2", port=ports[1], start=False, source=batch_v2_release)
+    c = Cluster.of([primary, backup])
+    primary.start()
+    c.promote(0)
+    c.wait_state(0, "active")
+    _queues(primary.url, "tx-a", "tx-b")
+    backup.start()
+    c.wait_state(1, "ready")
+    conn = connect(primary.url)
+    a, b = conn.create_sender("tx-a"), conn.create_sender("tx-b")
+    txn = Txn(conn)
+    for i in range(50):
+        txn.send(a, Message(body=f"a{i}"))
+        txn.send(b, Message(body=f"b{i}"))
+    assert txn.commit() == "committed"
+    primary.kill()
+    c.promote(1, "--force")  # the older release's promote (its state is ready: --force changes nothing there)
+    c.wait_state(1, "active")
+    assert drain(backup.url, "tx-a") == [f"a{i}" for i in range(50)]
+    assert drain(backup.url, "tx-b") == [f"b{i}" for i in range(50)]
