@@ -10,6 +10,8 @@ development and demos on one host.
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -38,6 +40,7 @@ class Member:
     port: int
     data_dir: Path
     args: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # e.g. the replication password (not on the command line)
     proc: subprocess.Popen[bytes] | None = None
     status: dict[str, Any] | None = field(default=None)
 
@@ -52,7 +55,7 @@ class Member:
             [str(BIN / "ha-broker"), "--host", "127.0.0.1", "--port", str(self.port), "--name", self.name,
              "--data-dir", str(self.data_dir), "--log-file", str(self.data_dir / "events.log"),
              "--pid-file", str(self.data_dir / "broker.pid"), *self.args],
-            stdout=log, stderr=log, start_new_session=True)
+            stdout=log, stderr=log, start_new_session=True, env={**os.environ, **self.env})
 
     @property
     def alive(self) -> bool:
@@ -159,13 +162,32 @@ class Manager:
 
 def make_members(brokers: int, base_port: int, data_dir: Path, heartbeat: float, extra: list[str] | None = None
                  ) -> list[Member]:
-    """broker1..brokerN on consecutive ports, each with DATA_DIR/brokerN (its journal, event log, pid file)."""
+    """broker1..brokerN on consecutive ports, each with DATA_DIR/brokerN (its journal, event log, pid file).
+    Replication is authenticated: the brokers log in to each other as REPLICATION_USER with the password of
+    DATA_DIR/replication.secret (made once, mode 0600), so no other connection can act as a backup."""
     ports = [base_port + i for i in range(brokers)]
     url = ",".join(f"127.0.0.1:{p}" for p in ports)
     # Auto-created queues: a demo client can send to any address (see the README's quickstart).
     args = ["--ha-cluster", "--ha-brokers-url", url, "--ha-heartbeat", str(heartbeat), "--ha-public-url", url,
-            "--auto-create-queues", *(extra or [])]
-    return [Member(f"broker{i + 1}", p, data_dir / f"broker{i + 1}", args) for i, p in enumerate(ports)]
+            "--auto-create-queues", "--ha-username", REPLICATION_USER, *(extra or [])]
+    env = {"UNDERSTUDY_HA_PASSWORD": replication_secret(data_dir)}
+    return [Member(f"broker{i + 1}", p, data_dir / f"broker{i + 1}", args, env) for i, p in enumerate(ports)]
+
+
+REPLICATION_USER = "replicator"
+
+
+def replication_secret(data_dir: Path) -> str:
+    """The cluster's replication password: DATA_DIR/replication.secret, made on the first start (mode 0600)."""
+    path = data_dir / "replication.secret"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(24) + "\n")
+    return path.read_text().strip()
 
 
 @click.command()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.client import ManagementClient, ManagementError
 from ha.local_cluster import Manager, Member, make_members
 from tests.support.amqp import drain, mgmt
 from tests.support.bulk import fill
@@ -97,6 +98,22 @@ def test_after_every_broker_is_sigkilled_the_manager_restarts_them_and_promotes_
     assert promoted(winner)[-1]["forced"] is False  # newest_store, not --force
     turn_until(mgr, lambda: all_up(mgr), 60, "the others back as ready backups")
     assert sorted(drain(winner.url, "d")) == list(range(1, 1001))
+
+
+def test_replication_is_authenticated_with_a_secret_made_once(members: list[Member], tmp_path: Path) -> None:
+    """The brokers log in to each other as the replication user, with a password of the data directory's (never
+    on a command line); any other connection that asks to be a backup is refused."""
+    said: list[str] = []
+    _, primary = start_loaded(members, said)
+    secret = tmp_path / "replication.secret"
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) >= 24
+    assert make_members(3, 1, tmp_path, 0.5)[0].env["UNDERSTUDY_HA_PASSWORD"] == secret.read_text().strip()
+    for m in members:
+        assert m.proc is not None
+        assert secret.read_text().strip() not in " ".join(str(a) for a in m.proc.args)  # type: ignore[union-attr]
+        assert not [e for e in read_events(m.data_dir / "events.log") if e["event"] == "access.open"]
+    with pytest.raises(ManagementError, match="unauthorized-access"):
+        ManagementClient(primary.url, 5, kind="ha").close()  # anonymous, asking to replicate
 
 
 def test_a_dropped_backup_back_first_never_wins_and_catches_up(members: list[Member]) -> None:
