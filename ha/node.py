@@ -28,8 +28,9 @@ from ha import protocol as P
 from ha.backup import Backup
 from ha.coordinated import CoordinatedRole
 from ha.coordination.epoch_store import EpochStore
+from ha.core import promotion
 from ha.core.membership import Membership
-from ha.core.restart import ReadyView, may_restart_as_newest
+from ha.core.restart import ReadyView
 from ha.core.states import HaState, IllegalTransition, Trigger, fire
 from ha.primary import Primary
 
@@ -211,37 +212,27 @@ class HaNode(Extension):
 
     def promote(self, forced: bool = False, epoch: int | None = None,
                 newest_store: bool = False) -> tuple[bool, str]:
-        """`newest_store`: chosen after a whole-cluster outage because this broker's journal holds everything
-        confirmed in the cluster's newest epoch (`ha.coordination.election.restarted_with_newest_store` under
-        ZooKeeper, `ha.core.restart.decide_restart` for Pacemaker and understudy-cluster). Accepted only from
-        `joining`, when this broker's own journal agrees (`ha.core.restart.may_restart_as_newest`)."""
-        if self.state.role.value == "primary":
-            return True, f"already primary ({self.state.value})"
-        restarted = (newest_store and self.state == HaState.JOINING
-                     and may_restart_as_newest(self.server.id, self.ready_epoch, self.ready_view))
-        if self.state != HaState.READY and not forced and not restarted and not self._brand_new():
-            if newest_store and self.state == HaState.JOINING:
-                return False, (f"refusing to promote with the newest store: this broker's journal does not show it "
-                               f"primary or ready in its newest member list (ready_epoch {self.ready_epoch}, "
-                               f"list {self.ready_view.to_json() if self.ready_view else None}); use --force for "
-                               "disaster recovery")
-            return False, (f"refusing to promote a backup in state {self.state.value}: it may lack acknowledged "
-                           "messages (use --force for disaster recovery)")
+        """Whether it may is `ha.core.promotion.decide` (pure); this carries the decision out. `newest_store`:
+        chosen after a whole-cluster outage because this broker's journal holds everything confirmed in the
+        cluster's newest epoch (`ha.coordination.election.restarted_with_newest_store` under ZooKeeper,
+        `ha.core.restart.decide_restart` for Pacemaker and understudy-cluster)."""
+        d = promotion.decide(promotion.Facts(self.server.id, self.state, self.epoch, self.ready_epoch, self.ready_view),
+                             promotion.Request(forced, epoch, newest_store))
+        if d.already or not d.ok:
+            return d.ok, d.text
+        assert d.trigger is not None
         from_state = self.state
         expected = [m.name for m in self.membership.members
                     if m.state == HaState.READY and m.name != self.server.id]
         previous = self.epoch
-        new_epoch = max(self.epoch + 1, epoch or 0)
         if self.backup is not None:
             self.backup.stop()
             self.backup = None
-        self.adopt_epoch(new_epoch)
+        self.adopt_epoch(d.epoch)
         # Journaled with the state change: "primary of this epoch, nobody ready yet", before the first list is (a
         # crash in between must not leave a primary whose journal names no list of its epoch; ha.core.restart).
         self.ready_view = ReadyView(self.epoch, 0, self.server.id)
-        self.set_state(Trigger.PROMOTE if from_state == HaState.READY else Trigger.FORCE_PROMOTE,
-                       "promoted with the newest store" if restarted else "promoted",
-                       forced=forced or from_state != HaState.READY)
+        self.set_state(d.trigger, d.reason, forced=d.forced_transition)
         log.warning("ha.promoted", epoch=self.epoch, from_state=from_state.value, forced=forced,
                     expected_backups=expected)
         self.server.wiring.mirroring = False
@@ -255,10 +246,6 @@ class HaNode(Extension):
         self.primary = Primary(self, expected, previous)
         self.primary.install()
         return True, f"promoted to primary, epoch {self.epoch}"
-
-    def _brand_new(self) -> bool:
-        """A broker that never followed a primary (epoch 0) holds nothing a client was promised."""
-        return self.epoch == 0 and self.state == HaState.JOINING
 
     def recovered(self, waited: float, timed_out: list[str]) -> None:
         self.set_state(Trigger.RECOVERED, "expected backups caught up" if not timed_out else "backup timeout")

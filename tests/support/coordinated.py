@@ -1,6 +1,6 @@
 """A stand-in for a broker's HA node as the coordinated role sees it (ha.coordinated.NodeSide), for driving the real
-`CoordinatedRole` on the in-memory coordinator without a Server. Its `promote` follows HaNode.promote's rule: a
-ready backup, a forced promotion, a brand-new broker, or a joining one elected with the newest store."""
+`CoordinatedRole` on the in-memory coordinator without a Server. Its `promote` asks the rule HaNode.promote asks
+(ha.core.promotion)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from ha.core import promotion
+from ha.core.restart import ReadyView
 from ha.core.states import HaState
 
 
@@ -35,6 +37,7 @@ class Node:
         self.backup: Any = SimpleNamespace(kick=lambda: None)
         self.promotions: list[tuple[bool, int | None, bool]] = []
         self.data_position = 0
+        self.view: ReadyView | None = None  # its journaled member list (HaNode.ready_view)
 
     def run(self) -> None:
         while self.calls:
@@ -48,13 +51,15 @@ class Node:
 
     def promote(self, forced: bool = False, epoch: int | None = None,
                 newest_store: bool = False) -> tuple[bool, str]:
+        """The real rule (ha.core.promotion, as HaNode.promote), carried out on these fields."""
         self.promotions.append((forced, epoch, newest_store))
-        brand_new = self.epoch == 0 and self.state == HaState.JOINING
-        if not (self.state == HaState.READY or forced or brand_new
-                or (newest_store and self.state == HaState.JOINING)):
-            return False, f"refusing to promote a backup in state {self.state.value}"
-        self.epoch = max(self.epoch + 1, epoch or 0)
+        d = promotion.decide(promotion.Facts(self.server.id, self.state, self.epoch, self.ready_epoch, self.view),
+                             promotion.Request(forced, epoch, newest_store))
+        if d.already or not d.ok:
+            return d.ok, d.text
+        self.epoch = d.epoch
         self.ready_epoch = self.epoch
+        self.view = ReadyView(self.epoch, 0, self.server.id)
         self.state = HaState.ACTIVE
         self.primary = Primary()
         return True, "promoted"
