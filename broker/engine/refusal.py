@@ -12,15 +12,26 @@ negotiation instead; one that says nothing is dropped after `PATIENCE` seconds. 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
+from collections.abc import Callable
 from select import EPOLLIN, EPOLLOUT
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from proton import Condition, Connection, Endpoint, Transport, TransportException
 
-if TYPE_CHECKING:
-    from broker.engine.engine import Engine
-    from broker.engine.timers import Timer
+from broker.engine.timers import Timer
+
+
+class Loop(Protocol):
+    """What a refusal uses of the event loop (broker.engine.engine.Engine), which imports this module."""
+
+    container_id: str
+    epoll: select.epoll
+    fds: dict[int, Callable[[int], None]]
+    refusals: set[PlainRefusal]
+
+    def schedule(self, delay: float, fn: Callable[[], None]) -> Timer: ...
 
 CONDITION = "amqp:unauthorized-access"
 DESCRIPTION = "this port takes TLS connections only: connect with TLS (amqps, and the broker's CA)"
@@ -29,7 +40,7 @@ MAX_OPEN = 64  # refusals in progress at once; beyond, a plain client's socket i
 
 
 class PlainRefusal:
-    def __init__(self, engine: Engine, sock: socket.socket, first: bytes) -> None:
+    def __init__(self, engine: Loop, sock: socket.socket, first: bytes) -> None:
         self.engine = engine
         self.sock = sock
         self.fd = sock.fileno()
