@@ -66,6 +66,8 @@ class CoordinatedRole:
         self.forced = False
         self.last: Decision | None = None
         self.published_epoch = 0  # the newest epoch of ours whose ready set the coordinator holds
+        self._requests = 0  # ready-set publications asked for
+        self._waiting: list[tuple[int, Callable[[], None]]] = []  # (request, what runs once it, or a later one, is out)
 
     @classmethod
     def zookeeper(cls, node: NodeSide) -> CoordinatedRole:
@@ -156,12 +158,20 @@ class CoordinatedRole:
         self.publish()
 
     def ready_set_changed(self, names: list[str], on_published: Callable[[], None] | None = None) -> None:
-        """Publish the ready set (a request replaces one not yet carried out: each says the epoch it is of)."""
+        """Publish the ready set. A request replaces one the coordinator has not carried out yet, so what waited
+        for the replaced one (e.g. settlements a dropped backup no longer guards) runs when a later one is
+        published: that set is the newer truth. Each request runs only what was asked up to it."""
         epoch = self.node.epoch
+        self._requests += 1
+        seq = self._requests
+        if on_published is not None:
+            self._waiting.append((seq, on_published))
 
         def published() -> None:
             self.published_epoch = max(self.published_epoch, epoch)
-            if on_published is not None:
-                on_published()
+            due = [fn for s, fn in self._waiting if s <= seq]
+            self._waiting = [(s, fn) for s, fn in self._waiting if s > seq]
+            for fn in due:
+                fn()
 
         self.coord.publish_ready_set(names, published)

@@ -258,6 +258,8 @@ class HaNode(Extension):
         assert self.primary is not None
         self.primary.uninstall()
         self.primary = None
+        # What it held is never answered (its clients go now): a resend must not wait for it if it is primary again
+        self.server.router.unconfirmed.clear()
         # Clients go now, links first: an outcome or a transfer still on its way (a link cut and healed) must not
         # touch what is now a replica (a consumer's accept would dequeue here, and be confirmed, on a backup).
         self.server.connections.close_clients("amqp:connection:forced", f"{self.server.id} stepped down: {reason}")

@@ -3,9 +3,11 @@ broker only through `NodeSide`, so a small stand-in node is enough (tests/suppor
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from ha.coordinated import CoordinatedRole
 from ha.coordination.election import Action, Decision, Reason
-from ha.coordination.memory import MemoryStore
+from ha.coordination.memory import MemoryCoordinator, MemoryStore
 from ha.core.states import HaState
 from tests.support.coordinated import Node, Primary
 
@@ -73,3 +75,47 @@ def test_only_the_newest_store_takes_over_when_nobody_was_ready() -> None:
     store.reconnect("b1")
     settle(store, n1, n2)
     assert store.leader == "b1" and n1.primary is not None and n2.primary is None
+
+
+class Replacing(MemoryCoordinator):
+    """As ZooKeeperCoordinator: one pending ready-set request, replaced by the next, written when the test says."""
+
+    def __init__(self, store: MemoryStore, name: str) -> None:
+        super().__init__(store, name)
+        store._coordinators[name] = self  # as MemoryStore.coordinator registers its own
+        self.pending: tuple[frozenset[str], Callable[[], None] | None] | None = None
+
+    def publish_ready_set(self, names: Iterable[str], on_published: Callable[[], None] | None = None) -> None:
+        self.pending = (frozenset(names), on_published)
+
+    def write(self) -> None:
+        assert self.pending is not None
+        names, done = self.pending
+        self.pending = None
+        super().publish_ready_set(names, done)
+
+
+def test_what_waited_for_a_replaced_ready_set_runs_when_a_later_one_is_published() -> None:
+    """The 1000-fault soak's second stop: a dropped backup's settlements waited for a ready set without it; the
+    request was replaced (another backup became ready) before ZooKeeper had it, the wait was lost, and every resend
+    of those messages waited behind them for ever."""
+    store = MemoryStore()
+    coordinator = Replacing(store, "b1")
+    node = Node("b1")
+    role = CoordinatedRole(node, coordinator)
+    role.start()
+    settle(store, node)
+    coordinator.write()  # the promotion's ready set
+    settle(store, node)
+    released: list[str] = []
+    role.ready_set_changed([], lambda: released.append("b2's settlements"))  # b2 dropped
+    role.ready_set_changed(["b3"])  # b3 ready before that reached ZooKeeper: it replaces the request
+    assert released == []
+    coordinator.write()
+    settle(store, node)
+    assert released == ["b2's settlements"] and store.ready_set == frozenset({"b3"})
+    role.ready_set_changed([], lambda: released.append("b3's"))  # a later wait runs only with a later set
+    assert released == ["b2's settlements"]
+    coordinator.write()
+    settle(store, node)
+    assert released == ["b2's settlements", "b3's"]
