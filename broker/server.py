@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proton import Condition, Endpoint
+from proton import Condition, Endpoint, SSLDomain
 
 from broker import __version__
 from broker.access import Access
@@ -42,8 +42,9 @@ from broker.memory import MemoryBound
 from broker.queue import Queue
 from broker.router import Router
 from broker.store.store import Store
-from broker.tls import ServerTls, TlsError, cert_subject, client_domain, client_of, server_domain
+from broker.tls import ServerTls, TlsError, cert_subject
 from broker.tls import config_problems as tls_config_problems
+from broker.tls import domains as tls_domains
 from broker.tls import from_config as tls_from_config
 from broker.transactions import Transactions
 from broker.wiring import Wiring, WiringEvent
@@ -67,9 +68,10 @@ class Server:
         self.management = Management(self.wiring, self.broker_attributes)
         # TLS (broker.tls): the listener's domain, and the one this broker connects to the others with.
         self.tls: ServerTls | None = tls_from_config(config)
-        self.ssl_server = server_domain(self.tls) if self.tls is not None else None
-        ctls = client_of(self.tls) if self.tls is not None else None
-        self.ssl_client = client_domain(ctls) if ctls is not None else None
+        self.ssl_server: SSLDomain | None = None
+        self.ssl_client: SSLDomain | None = None
+        if self.tls is not None:
+            self.ssl_server, self.ssl_client = tls_domains(self.tls)
         self.engine = Engine(broker_id)
         self.engine.on_pass = self.quiesce
         self.engine.on_failure = self._handler_failed
@@ -308,9 +310,7 @@ class Server:
                 raise TlsError("; ".join(problems))
             tls = tls_from_config(self.config)
             assert tls is not None
-            ssl_server = server_domain(tls)
-            ctls = client_of(tls)
-            ssl_client = client_domain(ctls) if ctls is not None else None
+            ssl_server, ssl_client = tls_domains(tls)
         except TlsError as e:
             log.error("tls.reload_failed", description=f"{e}; the certificates in use stay")
             return

@@ -74,8 +74,9 @@ def from_config(cfg: BrokerConfig) -> ServerTls | None:
                      cfg.ssl_verify_hostname, password)
 
 
-def read_password(path: Path, flag: str = "--ssl-key-password-file") -> str:
+def read_password(path: Path) -> str:
     """The first line of a password file (TlsError if it cannot be read or is empty)."""
+    flag = "--ssl-key-password-file"
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -258,6 +259,12 @@ def client_domain(c: ClientTls, prefix: str = "--ssl") -> SSLDomain:
     except SSLException as e:
         raise TlsError(f"{prefix}-ca {c.ca}: proton refused the TLS settings ({e})") from None
     return d
+
+
+def domains(s: ServerTls) -> tuple[SSLDomain, SSLDomain | None]:
+    """The listener's domain, and the one this broker connects to the others with (None without a CA)."""
+    c = client_of(s)
+    return server_domain(s), (client_domain(c) if c is not None else None)
 
 
 def client_of(s: ServerTls) -> ClientTls | None:
