@@ -28,10 +28,11 @@ from broker.server import Server
 from broker.tls import explain, is_tls_failure
 from ha import protocol as P
 from ha.core import batch as B
+from ha.core import controller as C
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.idset import PositionSet
 from ha.core.membership import Membership
-from ha.core.states import HaState, Role, Trigger
+from ha.core.states import HaState, Role
 from ha.core.txnparts import TxnParts, TxnPartsError
 from ha.replica import QueueReplicator
 
@@ -188,7 +189,7 @@ class Backup:
             self._avoid_until = time.monotonic() + AVOID_LOST_PRIMARY
             log.warning("ha.primary.lost", primary=self.primary_name, address=self.primary_address, reason=reason)
             if self.node.state == HaState.CATCHUP:
-                self.node.set_state(Trigger.PRIMARY_LOST, f"primary lost: {reason}")
+                self.node.handle(C.Lost(f"primary lost: {reason}"))
         elif self._attempt_address is not None and self._failed.get(self._attempt_address) != reason:
             # Each distinct failure per address once (not every retry): a wrong password must not go unnoticed.
             self._failed[self._attempt_address] = reason
@@ -463,7 +464,7 @@ class Backup:
         for lq in list(w.queues.values()):
             self._maybe_replicate(lq)
         if self.node.state in (HaState.JOINING, HaState.READY):
-            self.node.set_state(Trigger.PRIMARY_CONNECTED, f"wiring mirrored from {self.primary_name}")
+            self.node.handle(C.Connected(f"wiring mirrored from {self.primary_name}"))
         # Attached last: it tells the primary that the wiring is mirrored and every browser requested, so from
         # now on readiness only depends on catch-up. The primary answers with the membership list.
         self.status_link = self.receiver(P.STATUS_ADDRESS, "ha-status", credit=CONTROL_CREDIT)
@@ -623,7 +624,7 @@ class Backup:
         self.node.set_membership(m)
         me = m.get(self.server.id)
         if me is not None and me.state == HaState.READY and self.node.state == HaState.CATCHUP:
-            self.node.set_state(Trigger.CAUGHT_UP, f"caught up with {self.primary_name}")
+            self.node.handle(C.CaughtUp(f"caught up with {self.primary_name}"))
 
 
 def _mechanism(config: Any) -> str | None:

@@ -39,9 +39,15 @@ class NodeSide(Protocol):
     server: Server
     config: BrokerConfig
     address: str
-    epoch: int
-    ready_epoch: int
-    state: HaState
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def ready_epoch(self) -> int: ...
+
+    @property
+    def state(self) -> HaState: ...
 
     @property
     def primary(self) -> _Counting | None: ...

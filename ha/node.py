@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proton import Message
@@ -28,10 +29,11 @@ from ha import protocol as P
 from ha.backup import Backup
 from ha.coordinated import CoordinatedRole
 from ha.coordination.epoch_store import EpochStore
-from ha.core import promotion
+from ha.core import controller as C
+from ha.core.controller import Controller
 from ha.core.membership import Membership
 from ha.core.restart import ReadyView
-from ha.core.states import HaState, IllegalTransition, Trigger, fire
+from ha.core.states import HaState, IllegalTransition
 from ha.primary import Primary
 
 log = get_logger("ha")
@@ -43,9 +45,9 @@ class HaNode(Extension):
     def __init__(self, server: Server) -> None:
         self.server = server
         self.config: BrokerConfig = server.config
-        self.state = HaState.JOINING
         self.store: EpochStore | None = EpochStore(self.config.data_dir) if self.config.data_dir else None
-        self.epoch = self.store.load() if self.store else 0
+        # The HA rules (pure); this object carries out what it answers (`handle`).
+        self.ctl = Controller(server.id, self.store.load() if self.store else 0)
         self.membership = Membership(self.epoch, ())
         self.membership_since: float | None = None  # when the current list was adopted (ha-status: "stale since")
         self.default_level = self.config.ha_replicate.value
@@ -55,8 +57,47 @@ class HaNode(Extension):
         self.address = ""
         self.coordinated: CoordinatedRole | None = None
         self.held_since: float | None = None  # clients' settlements held for --ha-min-ready-backups since
-        self.ready_epoch = 0  # the newest epoch this broker was primary or ready in (journaled; see _record_standing)
-        self.ready_view: ReadyView | None = None  # the newest member list it knows from a primary (journaled)
+        self._actions: dict[type, Callable[[Any], None]] = {
+            C.StartBackup: lambda a: self._become_backup(),
+            C.StopBackup: lambda a: self._stop_backup(),
+            C.StartPrimary: self._become_primary,
+            C.StopPrimary: self._stop_primary,
+            C.PersistEpoch: self._persist_epoch,
+            C.RecordStanding: self._record_standing,
+            C.StateChanged: self._state_changed,
+            C.Log: lambda a: getattr(log, a.level)(a.event, **dict(a.fields)),
+            C.Answer: lambda a: None,
+        }
+
+    # ----- what the controller knows (ha.core.controller) -------------------------------------------------------
+    @property
+    def state(self) -> HaState:
+        return self.ctl.state
+
+    @property
+    def epoch(self) -> int:
+        return self.ctl.epoch
+
+    @property
+    def ready_epoch(self) -> int:
+        """The newest epoch this broker was primary or ready in (journaled; see _record_standing)."""
+        return self.ctl.ready_epoch
+
+    @property
+    def ready_view(self) -> ReadyView | None:
+        """The newest member list it knows from a primary (journaled)."""
+        return self.ctl.view
+
+    def handle(self, event: C.Event) -> list[C.Action]:
+        """Hand `event` to the controller and carry out its actions, in order (ha.core.controller)."""
+        try:
+            actions = self.ctl.handle(event)
+        except IllegalTransition as e:
+            log.error("ha.state.illegal", **e.log_fields())
+            raise
+        for a in actions:
+            self._actions[type(a)](a)
+        return actions
 
     # ----- plugin -----------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -131,63 +172,43 @@ class HaNode(Extension):
     def start(self) -> None:
         self.address = f"{self.config.host}:{self.server.port}"
         standing = self.recovered_standing() or {}
-        self.ready_epoch = int(standing.get("ready_epoch", 0) or 0)
-        self.ready_view = ReadyView.from_json(standing.get("view"))
-        log.info("ha.state", from_state=None, to_state=self.state.value, role=self.state.role.value, epoch=self.epoch,
-                 reason="started with --ha-cluster")
-        self._become_backup()
+        self.handle(C.Started(int(standing.get("ready_epoch", 0) or 0), ReadyView.from_json(standing.get("view"))))
         if self.config.ha_coordinator == Coordinator.ZOOKEEPER:
             self.coordinated = CoordinatedRole.zookeeper(self)
             self.coordinated.start()
 
-    # ----- state ------------------------------------------------------------------------------------------------
-    def set_state(self, trigger: Trigger, reason: str, forced: bool = False) -> None:
-        """What happened (`trigger`) moves the broker to the state the table says (ha.core.states.fire)."""
-        try:
-            new = fire(self.state, trigger, reason, forced=forced)
-        except IllegalTransition as e:
-            log.error("ha.state.illegal", **e.log_fields())
-            raise
-        old, self.state = self.state, new
-        log.info("ha.state", from_state=old.value, to_state=new.value, role=new.role.value, epoch=self.epoch,
-                 reason=reason)
-        if new in (HaState.READY, HaState.RECOVERING, HaState.ACTIVE):
-            # Only here: a ready backup that adopts a newer epoch (its primary was deposed) is not ready in it, and
-            # its queues hold what the old primary sent (the new one may have assigned those positions again).
-            self.ready_epoch = max(self.ready_epoch, self.epoch)
-        self._record_standing()
-        if self.primary is not None:
-            self.primary.update_membership()
-        if self.coordinated is not None:
-            self.coordinated.state_changed(new)
-
+    # ----- state (each a controller event) ----------------------------------------------------------------------
     def set_membership(self, m: Membership) -> None:
         if m != self.membership:
             self.membership = m
             self.membership_since = time.time()
             log.info("ha.membership", epoch=m.epoch, members=m.event_members())
             view = ReadyView.of(m)
-            if view is not None and view != self.ready_view:
-                self.ready_view = view
-                self._record_standing()
+            if view is not None:
+                self.handle(C.ViewSeen(view))
 
     def adopt_epoch(self, epoch: int) -> None:
-        if epoch > self.epoch:
-            self.epoch = epoch
-            if self.store is not None:
-                self.store.raise_to(epoch)
-            self._record_standing()
+        self.handle(C.EpochSeen(epoch))
 
-    def _record_standing(self) -> None:
+    def _persist_epoch(self, a: C.PersistEpoch) -> None:
+        if self.store is not None:
+            self.store.raise_to(a.epoch)
+
+    def _record_standing(self, a: C.RecordStanding) -> None:
         """Journal (epoch, role, state, ready_epoch, view): after a whole-cluster restart the most current store is
         the one of a broker that was primary or ready in the newest epoch (`ready_epoch`: the newest epoch in which
         this broker was a primary or a ready backup, kept across restarts until it is one again) and that the newest
-        member list of that epoch names (`view`, ha.core.restart: a backup dropped by its primary is not in it).
-        `ready_epoch` is raised by `set_state` only."""
+        member list of that epoch names (`view`, ha.core.restart: a backup dropped by its primary is not in it)."""
         journal = self.server.store
         if journal is not None:
-            view = self.ready_view.to_json() if self.ready_view is not None else None
-            journal.record_state(self.epoch, self.state.role.value, self.state.value, self.ready_epoch, view=view)
+            view = a.view.to_json() if a.view is not None else None
+            journal.record_state(a.epoch, a.state.role.value, a.state.value, a.ready_epoch, view=view)
+
+    def _state_changed(self, a: C.StateChanged) -> None:
+        if self.primary is not None:
+            self.primary.update_membership()
+        if self.coordinated is not None:
+            self.coordinated.state_changed(a.new)
 
     def recovered_standing(self) -> dict[str, Any] | None:
         journal = self.server.store
@@ -201,7 +222,7 @@ class HaNode(Extension):
                 total += q.next_position - 1
         return total
 
-    # ----- roles ------------------------------------------------------------------------------------------------
+    # ----- roles (the controller's actions) ----------------------------------------------------------------------
     def _become_backup(self) -> None:
         self.server.wiring.mirroring = True  # auto-delete exchanges go when the primary says (broker.wiring)
         for q in self.server.wiring.queues.values():
@@ -210,31 +231,23 @@ class HaNode(Extension):
         self.backup = Backup(self)
         self.backup.start()
 
-    def promote(self, forced: bool = False, epoch: int | None = None,
-                newest_store: bool = False) -> tuple[bool, str]:
-        """Whether it may is `ha.core.promotion.decide` (pure); this carries the decision out. `newest_store`:
-        chosen after a whole-cluster outage because this broker's journal holds everything confirmed in the
-        cluster's newest epoch (`ha.coordination.election.restarted_with_newest_store` under ZooKeeper,
-        `ha.core.restart.decide_restart` for Pacemaker and understudy-cluster)."""
-        d = promotion.decide(promotion.Facts(self.server.id, self.state, self.epoch, self.ready_epoch, self.ready_view),
-                             promotion.Request(forced, epoch, newest_store))
-        if d.already or not d.ok:
-            return d.ok, d.text
-        assert d.trigger is not None
-        from_state = self.state
-        expected = [m.name for m in self.membership.members
-                    if m.state == HaState.READY and m.name != self.server.id]
-        previous = self.epoch
+    def _stop_backup(self) -> None:
         if self.backup is not None:
             self.backup.stop()
             self.backup = None
-        self.adopt_epoch(d.epoch)
-        # Journaled with the state change: "primary of this epoch, nobody ready yet", before the first list is (a
-        # crash in between must not leave a primary whose journal names no list of its epoch; ha.core.restart).
-        self.ready_view = ReadyView(self.epoch, 0, self.server.id)
-        self.set_state(d.trigger, d.reason, forced=d.forced_transition)
-        log.warning("ha.promoted", epoch=self.epoch, from_state=from_state.value, forced=forced,
-                    expected_backups=expected)
+
+    def promote(self, forced: bool = False, epoch: int | None = None,
+                newest_store: bool = False) -> tuple[bool, str]:
+        """Every promotion asks this (ha-admin, Pacemaker's agent and understudy-cluster through op_promote,
+        ZooKeeper's election through CoordinatedRole): the controller's `Promote` (whether it may is
+        `ha.core.promotion.decide`). `newest_store`: chosen after a whole-cluster outage because this broker's
+        journal holds everything confirmed in the cluster's newest epoch
+        (`ha.coordination.election.restarted_with_newest_store` under ZooKeeper, `ha.core.restart.decide_restart`
+        for Pacemaker and understudy-cluster)."""
+        ready = tuple(m.name for m in self.membership.members if m.state == HaState.READY)
+        return C.answer(self.handle(C.Promote(forced, epoch, newest_store, ready)))
+
+    def _become_primary(self, a: C.StartPrimary) -> None:
         self.server.wiring.mirroring = False
         for q in self.server.wiring.queues.values():
             q.locked = False
@@ -243,18 +256,16 @@ class HaNode(Extension):
                 q.rebuild_last_values(lambda e, k=key: (properties_of(e.data) or {}).get(k))
             if q in self.server.consumers:
                 self.server.wake_queue(q)
-        self.primary = Primary(self, expected, previous)
+        self.primary = Primary(self, list(a.expected), a.previous_epoch)
         self.primary.install()
-        return True, f"promoted to primary, epoch {self.epoch}"
 
     def recovered(self, waited: float, timed_out: list[str]) -> None:
-        self.set_state(Trigger.RECOVERED, "expected backups caught up" if not timed_out else "backup timeout")
-        log.info("ha.active", epoch=self.epoch, waited_seconds=round(waited, 3), timed_out=timed_out)
+        self.handle(C.Recovered(waited, tuple(timed_out)))
 
     def demote(self, reason: str) -> None:
-        if self.state.role.value != "primary":
-            return
-        log.warning("ha.demoted", epoch=self.epoch, reason=reason)
+        self.handle(C.Demote(reason))
+
+    def _stop_primary(self, a: C.StopPrimary) -> None:
         assert self.primary is not None
         self.primary.uninstall()
         self.primary = None
@@ -262,9 +273,7 @@ class HaNode(Extension):
         self.server.router.unconfirmed.clear()
         # Clients go now, links first: an outcome or a transfer still on its way (a link cut and healed) must not
         # touch what is now a replica (a consumer's accept would dequeue here, and be confirmed, on a backup).
-        self.server.connections.close_clients("amqp:connection:forced", f"{self.server.id} stepped down: {reason}")
-        self.set_state(Trigger.DEMOTE, reason)
-        self._become_backup()
+        self.server.connections.close_clients("amqp:connection:forced", f"{self.server.id} stepped down: {a.reason}")
 
     # ----- connection policy ------------------------------------------------------------------------------------
     def policy(self, st: ConnectionState) -> None:

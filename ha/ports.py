@@ -12,17 +12,15 @@ if TYPE_CHECKING:
     from broker.config import BrokerConfig
     from broker.server import Server
     from ha.coordinated import CoordinatedRole
+    from ha.core.controller import Action, Event
     from ha.core.membership import Membership
-    from ha.core.states import HaState, Trigger
+    from ha.core.states import HaState
 
 
 class NodeSide(Protocol):
     server: Server
     config: BrokerConfig
     address: str
-    epoch: int
-    ready_epoch: int  # the newest epoch it was primary or ready in
-    state: HaState
     membership: Membership
     default_level: str  # the cluster's replication level; a backup takes its primary's
     primary_public_url: str | None  # a backup learns it from its primary
@@ -30,7 +28,16 @@ class NodeSide(Protocol):
     @property
     def coordinated(self) -> CoordinatedRole | None: ...
 
-    def set_state(self, trigger: Trigger, reason: str, forced: bool = False) -> None: ...
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def ready_epoch(self) -> int: ...  # the newest epoch it was primary or ready in
+
+    @property
+    def state(self) -> HaState: ...
+
+    def handle(self, event: Event) -> list[Action]: ...  # the HA controller's (ha.core.controller)
 
     def set_membership(self, m: Membership) -> None: ...
 

@@ -1,7 +1,7 @@
 """HA states, roles and the transition table.
 
-The table ``TRANSITIONS`` is the single source of truth: ``docs/states.md`` is generated from it
-(``python -m ha.core.states > docs/states.md``). The broker does not pick target states: it reports what happened
+The table ``TRANSITIONS`` is the single source of truth: ``docs/states.md`` is generated from it and from the
+controller's events (``python -m ha.core.controller > docs/states.md``). The broker does not pick target states: it reports what happened
 (a ``Trigger``) and ``fire(state, trigger)`` looks the next state up (each (state, trigger) pair has at most one
 entry, checked at import), refusing a trigger the table has no entry for. ``transition()`` checks an explicit
 (from, to) pair against the same table.
@@ -13,7 +13,6 @@ marked ``forced``; ``transition()`` refuses it unless the caller passes ``forced
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -194,12 +193,14 @@ def render_mermaid() -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_markdown() -> str:
-    """The whole docs/states.md page."""
+def render_markdown(extra: str = "") -> str:
+    """The state table's part of docs/states.md (the whole page is `ha.core.controller.render_markdown`: this plus
+    `extra`, the controller's events)."""
     out = [
         "# HA states",
         "",
-        "<!-- Generated from ha/core/states.py by `python -m ha.core.states > docs/states.md`; do not edit. -->",
+        "<!-- Generated from ha/core/states.py and ha/core/controller.py by `python -m ha.core.controller > "
+        "docs/states.md`; do not edit. -->",
         "",
         "Every broker is in exactly one state. A backup goes `joining` -> `catchup` -> `ready`; a promoted backup",
         "becomes a primary, `recovering` then `active`; a broker without `--ha-cluster` is `standalone` and never",
@@ -233,8 +234,4 @@ def render_markdown() -> str:
         "from `joining` or `catchup` is refused with an error naming both states.",
         "",
     ]
-    return "\n".join(out)
-
-
-if __name__ == "__main__":
-    sys.stdout.write(render_markdown())
+    return "\n".join(out) + extra

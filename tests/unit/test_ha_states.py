@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ha.core import controller
 from ha.core.states import (
     TRANSITIONS,
     HaState,
@@ -14,7 +15,6 @@ from ha.core.states import (
     Trigger,
     allowed_targets,
     fire,
-    render_markdown,
     render_mermaid,
     transition,
 )
@@ -99,12 +99,12 @@ def test_mermaid_has_one_edge_per_table_entry() -> None:
 
 
 def test_docs_states_md_is_generated_from_the_table() -> None:
-    assert DOC.read_text() == render_markdown(), (
-        "docs/states.md is out of date: run `python -m ha.core.states > docs/states.md`"
+    assert DOC.read_text() == controller.render_markdown(), (
+        "docs/states.md is out of date: run `python -m ha.core.controller > docs/states.md`"
     )
 
 
-# ----- the trigger picks the transition (what the broker calls: HaNode.set_state) ----------------------------------
+# ----- the trigger picks the transition (what the controller fires: ha.core.controller) ---------------------------
 EVENTS = [
     (S.JOINING, Trigger.PRIMARY_CONNECTED, S.CATCHUP),
     (S.READY, Trigger.PRIMARY_CONNECTED, S.CATCHUP),
