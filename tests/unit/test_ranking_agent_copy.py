@@ -1,6 +1,7 @@
 """One ranking rule: the OCF agent's standard-library promotion scores (resource_agents/agent_core.py) pick the
 ready backup that `ha.core.epoch.best_candidate` picks (ZooKeeper's election and understudy-cluster use it), for any
-set of ready backups; equal (epoch, position) get equal scores, so Pacemaker's own tie-break is among equals only."""
+set of ready backups; equal (epoch, position) get equal scores, so Pacemaker's own tie-break is among equals only.
+And its brand-new rule is ha.core.promotion's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ha.core.epoch import Rank, best_candidate, rank_candidates
+from ha.core.promotion import brand_new
+from ha.core.states import HaState
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
 import agent_core as core
@@ -33,3 +36,11 @@ def test_the_agent_scores_rank_ready_backups_as_ha_core_does(ranks: list[tuple[i
     order = rank_candidates((n, Rank(e, p)) for n, (e, p) in zip(names, ranks, strict=True))
     got = [scores[n] for n in order]
     assert all(a is not None and b is not None and a >= b for a, b in pairwise(got))
+
+
+@given(st.sampled_from(list(HaState)), st.integers(0, 3))
+def test_the_agents_brand_new_rule_is_ha_cores(state: HaState, epoch: int) -> None:
+    """A broker that never followed a primary may become a new cluster's first primary: the agent's copy
+    (`_brand_new`) says so of exactly the brokers `ha.core.promotion.brand_new` does."""
+    status = core.BrokerStatus(state.role.value, state.value, epoch, 0)
+    assert core._brand_new(status) == brand_new(state, epoch)
