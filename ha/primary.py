@@ -226,8 +226,9 @@ class Primary:
         if batch:
             link.properties = {P.LINK_BATCH: P.BATCH_VERSION}
         sender = ReplicatingSender(self, link, st, q, b, plan, batch)
-        # From here the backup acknowledges this queue's live messages in order; what it says it holds is done.
-        _release_all(self.guards.start(b.name, name, plan.snapshot_max, held))
+        # From here the backup acknowledges this queue's live messages in order; what it holds of ours is done
+        # (plan.skip: held and on this queue, less positions reused since its epoch, whose message differs here).
+        _release_all(self.guards.start(b.name, name, plan.snapshot_max, plan.skip))
         old = b.senders.get(name)
         if old is not None:
             old.closed = True
