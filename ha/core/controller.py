@@ -36,24 +36,20 @@ class Started:
 
 
 @dataclass(frozen=True)
-class Connected:
+class _Reported:
+    reason: str  # logged with the transition (ha.state)
+
+
+class Connected(_Reported):
     """A backup's connection to its primary was accepted and the wiring mirrored: catch-up begins."""
 
-    reason: str
 
-
-@dataclass(frozen=True)
-class CaughtUp:
+class CaughtUp(_Reported):
     """Every replicated queue caught up."""
 
-    reason: str
 
-
-@dataclass(frozen=True)
-class Lost:
+class Lost(_Reported):
     """A backup in catch-up lost (or was refused by) its primary."""
-
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -89,11 +85,8 @@ class Recovered:
     timed_out: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Demote:
+class Demote(_Reported):
     """Step down (operator, lost lease or leadership, a newer epoch seen)."""
-
-    reason: str
 
 
 Event = Started | Connected | CaughtUp | Lost | EpochSeen | ViewSeen | Promote | Recovered | Demote

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ha.core import controller as C
 from ha.core.restart import ReadyView
 from ha.core.states import HaState
+
+T = TypeVar("T")
 
 
 class Primary:
@@ -21,8 +23,26 @@ class Primary:
         return list(self.ready)
 
 
+class _Fact(Generic[T]):
+    """One of the controller's facts, read from it and settable for a test's set-up."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, node: Node, owner: type | None = None) -> T:
+        return getattr(node.ctl, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, node: Node, value: T) -> None:
+        setattr(node.ctl, self.name, value)
+
+
 class Node:
     """A broker's HA node as far as CoordinatedRole can tell (ha.coordinated.NodeSide)."""
+
+    state: _Fact[HaState] = _Fact()
+    epoch: _Fact[int] = _Fact()
+    ready_epoch: _Fact[int] = _Fact()
+    view: _Fact[ReadyView | None] = _Fact()  # its journaled member list (HaNode.ready_view)
 
     def __init__(self, name: str, immediate: bool = False) -> None:
         self.calls: list[Callable[[], None]] = []  # call_soon_threadsafe: run when the test says (or at once)
@@ -42,39 +62,6 @@ class Node:
 
     def position(self) -> int:
         return self.data_position
-
-    # the controller's facts, settable for a test's set-up
-    @property
-    def state(self) -> HaState:
-        return self.ctl.state
-
-    @state.setter
-    def state(self, value: HaState) -> None:
-        self.ctl.state = value
-
-    @property
-    def epoch(self) -> int:
-        return self.ctl.epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self.ctl.epoch = value
-
-    @property
-    def ready_epoch(self) -> int:
-        return self.ctl.ready_epoch
-
-    @ready_epoch.setter
-    def ready_epoch(self, value: int) -> None:
-        self.ctl.ready_epoch = value
-
-    @property
-    def view(self) -> ReadyView | None:
-        return self.ctl.view
-
-    @view.setter
-    def view(self, value: ReadyView | None) -> None:
-        self.ctl.view = value
 
     def _run(self, actions: list[C.Action]) -> list[C.Action]:
         for a in actions:
