@@ -97,6 +97,20 @@ def _is_factory(call: ast.Call) -> bool:
         isinstance(f, ast.Name) and f.id in LOGGER_FACTORIES)
 
 
+# Pure code returns its log lines as data (ha/core/controller.py: `_log("ha.state", "warning", **fields)` makes a
+# `Log` action that HaNode writes through its logger): such a call is scanned as the line it becomes.
+LOG_ACTION_HELPERS = {"_log"}
+
+
+def _action_levels(call: ast.Call) -> set[Level] | None:
+    if not (isinstance(call.func, ast.Name) and call.func.id in LOG_ACTION_HELPERS):
+        return None
+    level = call.args[1] if len(call.args) > 1 else ast.Constant("info")
+    if not (isinstance(level, ast.Constant) and level.value in LEVEL_METHODS):
+        return {Level.CRITICAL, Level.DEBUG}  # not a literal level: fails the level check below
+    return {LEVEL_METHODS[level.value]}
+
+
 def _levels(func: ast.expr, loggers: set[str]) -> set[Level] | None:
     """The levels a call's function logs at, or None when it is not an event-log call."""
     if isinstance(func, ast.IfExp):  # (log.debug if temp else log.info)(...)
@@ -120,6 +134,8 @@ def emissions() -> Iterator[Emission]:
             if not isinstance(node, ast.Call):
                 continue
             levels = _levels(node.func, loggers)
+            if levels is None:
+                levels = _action_levels(node)
             if levels is None:
                 continue
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
