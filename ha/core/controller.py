@@ -248,6 +248,7 @@ class Controller:
         if d.already or not d.ok:
             return [Answer(d.ok, d.text)]
         assert d.trigger is not None
+        fire(self.state, d.trigger, d.reason, forced=d.forced_transition)  # refused here: nothing changed
         from_state, previous = self.state, self.epoch
         expected = tuple(name for name in e.ready if name != self.name)
         actions: list[Action] = [StopBackup(), *self._adopt(d.epoch)]

@@ -135,6 +135,11 @@ def test_an_event_the_table_has_no_entry_for_is_refused_and_changes_nothing() ->
     with pytest.raises(IllegalTransition):
         c.handle(C.Lost("primary gone"))  # a ready backup stays ready (it can be promoted)
     assert (c.state, c.epoch, c.ready_epoch) == (S.READY, 3, 3)
+    standalone = C.Controller("s", epoch=2)
+    standalone.state = S.STANDALONE  # no promotion from there, even forced
+    with pytest.raises(IllegalTransition):
+        standalone.handle(C.Promote(forced=True))
+    assert (standalone.state, standalone.epoch, standalone.view) == (S.STANDALONE, 2, None)
 
 
 EVENTS = st.one_of(
