@@ -101,6 +101,11 @@ class ManagementClient:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.conn.close()
+        # proton keeps a link's handler in the C link, and SyncRequestResponse, its reply receiver's handler, holds
+        # the connection: a cycle through C that the garbage collector cannot see, ~1.7 MB per client (measured).
+        # A long-running caller (understudy-cluster, a monitor) grew by that for every request.
+        with contextlib.suppress(Exception):
+            self.rpc.receiver.link.handler = None
 
     def __enter__(self) -> ManagementClient:
         return self
