@@ -12,6 +12,7 @@ trying every URL in turn (a backup refuses clients, so only the primary takes th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import time
@@ -41,28 +42,36 @@ def send(urls: list[str], queue: str, count: int, out: str, pause: float, first:
          patience: float = 120.0, id_prefix: str | None = None, timeout: float = 10.0) -> int:
     """Gives up when no message could be confirmed for `patience` seconds. With `id_prefix` each message carries
     the message-id PREFIX+number (a resend has the same id); `timeout`: seconds to wait for one settlement."""
-    pending = list(range(first, first + count))
+    n, end = first, first + count  # the next number to send (resent until confirmed), one past the last
     deadline = time.monotonic() + patience
     with open(out, "a", buffering=1) as f:
-        while pending:
+        while n < end:
+            c: BlockingConnection | None = None
             try:
                 c = connect(urls, deadline)
                 s = c.create_sender(queue)
-                while pending:
-                    n = pending[0]
+                while n < end:
                     mid = None if id_prefix is None else f"{id_prefix}{n}"
                     s.send(Message(body=n, durable=True, id=mid), timeout=timeout)
                     f.write(f"{n}\n")
-                    pending.pop(0)
+                    n += 1
                     deadline = time.monotonic() + patience
                     if pause:
                         time.sleep(pause)
-                c.close()
             except Exception as e:
                 print(f"sender: {type(e).__name__}: {e}; failing over", file=sys.stderr, flush=True)
                 if time.monotonic() > deadline:
                     return 1
+            finally:
+                _close(c)
     return 0
+
+
+def _close(c: BlockingConnection | None) -> None:
+    """Close a connection whatever state it is in (one left open after a failure keeps its memory for good)."""
+    if c is not None:
+        with contextlib.suppress(Exception):
+            c.close()
 
 
 def receive(urls: list[str], queue: str, out: str, idle: float, until: int, patience: float = 180.0,
@@ -80,6 +89,7 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int, pati
         last = time.monotonic()
         while time.monotonic() - last < idle and (until <= 0 or got < until):
             waiting: list[tuple[object, Any]] = []  # (number, delivery): accepted, not yet confirmed
+            c: BlockingConnection | None = None
             try:
                 c = connect(urls, deadline)
                 r = c.create_receiver(queue, credit=10, options=SettleSecond() if history else None)
@@ -107,11 +117,12 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int, pati
                     got += 1
                     last = time.monotonic()
                     deadline = last + patience
-                c.close()
             except Exception as e:
                 print(f"receiver: {type(e).__name__}: {e}; failing over", file=sys.stderr, flush=True)
                 if time.monotonic() > deadline:
                     return 1
+            finally:
+                _close(c)
     for extra in (flagged, stamps, history):
         if extra is not None:
             extra.close()
