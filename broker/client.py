@@ -77,6 +77,7 @@ class ManagementClient:
             text = _describe(e)
             if ssl_domain is None and ("no protocol header found" in text or "TLS connections only" in text):
                 text += " (a TLS-only broker: give --ssl-ca)"
+            self.close()  # a connection that opened but whose links did not: not left behind
             raise ManagementError(f"cannot reach {url}: {text}") from None
 
     def request(self, operation: str, type_: str, name: str | None = None, body: Any = None, **props: Any) -> Reply:
