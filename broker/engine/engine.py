@@ -51,6 +51,7 @@ TLS_RECORD_HANDSHAKE = b"\x16"  # the first byte of a TLS ClientHello record
 AMQP_TLS_HEADER = b"AMQP\x02\x01\x00\x00"  # AMQP's own "TLS follows" header (proton accepts it too)
 CLOSE_GRACE = 2.0  # seconds a locally closed connection may wait for its peer before the socket is dropped
 MAX_PASS_ROUNDS = 100  # event/end-of-pass rounds per pass (each round is cheap; this only bounds a bug)
+AFTER_FLUSH_ROUNDS = 8  # after-flush rounds per pass (a sync releases work, whose pass may journal and sync again)
 
 _pn = lib
 _PN_DELIVERY = lib.PN_DELIVERY
@@ -281,8 +282,10 @@ class Conn:
 
 
 class Engine:
-    """The event loop. `on_pass` is the application's end-of-pass work; `on_failure` is told when a handler raised
-    (the handler's link or connection should be closed; the loop itself carries on)."""
+    """The event loop. `on_pass` is the application's end-of-pass work; `after_flush` runs once the pass's output is
+    written to the sockets and returns True if it released work (the loop then runs another pass: the journal's
+    inline sync, `Journal.sync_deferred`); `on_failure` is told when a handler raised (the handler's link or
+    connection should be closed; the loop itself carries on)."""
 
     def __init__(self, container_id: str) -> None:
         self.container_id = container_id
@@ -305,6 +308,8 @@ class Engine:
         self.listener_ssl: dict[int, SSLDomain | None] = {}  # listening fd -> the TLS settings for what it accepts
         self.refusals: set[PlainRefusal] = set()  # plain clients of a TLS-only port being told why (refusal.py)
         self.on_pass: Callable[[], None] = lambda: None
+        self.after_flush: Callable[[], bool] | None = None
+        self._owed = False  # `after_flush` had more work when `_after_flush` stopped: do not sleep
         self.on_failure: HandlerFailed = _log_failure
         self.running = False
         self.passes = 0
@@ -498,6 +503,7 @@ class Engine:
                 self._call(fn, "call")
         self.process()
         self.flush()
+        self._after_flush()
         # Writing makes proton post a few events (a sender's credit is spent: PN_LINK_FLOW): handle them now
         # rather than in a pass of their own.
         for _ in range(3):
@@ -505,6 +511,19 @@ class Engine:
                 break
             self.process()
             self.flush()
+            self._after_flush()
+
+    def _after_flush(self) -> None:
+        hook = self.after_flush
+        self._owed = False
+        if hook is None:
+            return
+        for _ in range(AFTER_FLUSH_ROUNDS):
+            if not hook():
+                return
+            self.process()
+            self.flush()
+        self._owed = True
 
     def _due_ticks(self, now_ms: int) -> None:
         """Connections whose transport deadline (heartbeat to send, idle peer to detect) has come: tick them in
@@ -522,7 +541,7 @@ class Engine:
                 self.to_write.add(conn)
 
     def _timeout(self, max_wait: float) -> float:
-        if lib.pn_collector_peek(self.collector) != NULL or self.calls or self.to_write:
+        if lib.pn_collector_peek(self.collector) != NULL or self.calls or self.to_write or self._owed:
             return 0.0
         wait = max_wait
         now = time.monotonic()

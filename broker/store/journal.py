@@ -106,6 +106,8 @@ class Journal:
         self.syncer: Syncer | None = None
         self.to_sync: list[int] = []  # fds of closed segments not yet synced (rolled over)
         self.written = 0  # bytes written since start (stats)
+        self.defer_inline = False  # an inline sync waits for `sync_deferred` (the loop's writes go out first)
+        self.deferred: tuple[int, list[int]] | None = None  # (ticket, fds) of an inline sync not yet made
 
     # ----- files ---------------------------------------------------------------------------------------------------
     def open_segment(self, number: int) -> None:
@@ -136,6 +138,7 @@ class Journal:
         self.syncer.start()
 
     def close(self) -> None:
+        self.sync_deferred()
         if self.syncer is not None:
             self.syncer.stop()
             self.syncer.join(5)
@@ -188,11 +191,20 @@ class Journal:
         self.ticket += 1
         fds = [self.fd, *self.to_sync]
         self.to_sync = []
-        if self.syncer is None or (self.synced == self.ticket - 1 and len(data) <= INLINE_SYNC_BYTES):
-            # Nothing else in flight and little to flush (one-at-a-time publishing): fdatasync here, on the loop,
-            # saves the round trip through the syncer thread (a wake-up each way), which is most of the latency
-            # a durable sync message adds beyond the disk's own. Under load commits are bigger and the thread
-            # keeps the loop going while the disk flushes.
+        deferred = self.deferred
+        quiet = self.synced == self.ticket - 1 or (deferred is not None and deferred[0] == self.ticket - 1)
+        if self.syncer is None or (quiet and len(data) <= INLINE_SYNC_BYTES):
+            # Nothing else in flight and little to flush (one-at-a-time publishing): fdatasync on the loop saves
+            # the round trip through the syncer thread (a wake-up each way), which is most of the latency a
+            # durable sync message adds beyond the disk's own. Under load commits are bigger and the thread keeps
+            # the loop going while the disk flushes. With `defer_inline` the loop makes the sync itself right
+            # after writing its sockets (`sync_deferred`): what this pass sends to backups is on its way while
+            # this disk flushes, and their own write and sync overlap ours.
+            if self.syncer is not None and self.defer_inline:
+                if deferred is not None:
+                    fds += [fd for fd in deferred[1] if fd not in fds]
+                self.deferred = (self.ticket, fds)
+                return self.ticket
             try:
                 for fd in fds:
                     os.fdatasync(fd)
@@ -203,8 +215,28 @@ class Journal:
                 return self.ticket
             self.synced = self.ticket
         else:
+            if deferred is not None:  # the thread's sync covers it
+                self.deferred = None
+                fds += [fd for fd in deferred[1] if fd not in fds]
             self.syncer.request(self.ticket, fds)
         return self.ticket
+
+    def sync_deferred(self) -> int | None:
+        """Make the inline sync `commit` left for after the loop's writes; returns its ticket once it is on disk
+        (None: none was due, or it failed and the syncer thread reports it)."""
+        if self.deferred is None:
+            return None
+        (ticket, fds), self.deferred = self.deferred, None
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+        except OSError:
+            if self.syncer is None:
+                raise
+            self.syncer.request(ticket, fds)
+            return None
+        self.synced = max(self.synced, ticket)
+        return ticket
 
     def full(self) -> bool:
         """Time to roll over to a new segment."""

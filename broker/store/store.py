@@ -355,6 +355,8 @@ class Store(Extension):
                 if self not in q.observers:
                     q.observers.append(self)  # type: ignore[arg-type]
         self.journal.start(self._synced_thread, self._failed_thread)
+        self.journal.defer_inline = True
+        self.server.engine.after_flush = self.sync_deferred
         try:
             self._roll()
         except BrokerError as e:  # e.g. the disk is full: serve what needs no disk, refuse durable messages
@@ -593,6 +595,15 @@ class Store(Extension):
 
     def _failed_thread(self, ticket: int, error: OSError) -> None:
         self.server.call_soon_threadsafe(lambda: self._sync_failed(ticket, error))
+
+    def sync_deferred(self) -> bool:
+        """After the loop wrote its sockets: the pass's small commit is synced now (`Journal.sync_deferred`) and what
+        waited for it is released; True if anything was."""
+        ticket = self.journal.sync_deferred()
+        if ticket is None:
+            return False
+        self._synced(ticket)
+        return True
 
     def _synced(self, ticket: int) -> None:
         self.journal.synced = max(self.journal.synced, ticket)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
+from broker.engine.engine import AFTER_FLUSH_ROUNDS
 from broker.queue import DURABLE, DequeueReason
 from broker.server import Server
 from broker.store import records as R
@@ -69,9 +70,10 @@ def test_nothing_journaled_means_no_wait(server: Server) -> None:
     assert done == ["ack"]
 
 
-def test_a_small_commit_with_nothing_in_flight_is_synced_in_its_own_pass(server: Server) -> None:
-    """One-at-a-time publishing: the pass's fdatasync runs on the loop, so what waits for it is released in the
-    same pass (no round trip through the syncer thread)."""
+def test_a_small_commit_with_nothing_in_flight_is_synced_by_the_loop_after_its_writes(server: Server) -> None:
+    """One-at-a-time publishing: the pass's fdatasync runs on the loop, right after the pass's output is written to
+    the sockets (what it sends to backups is on its way while this disk flushes), and what waits for it is
+    released in that same turn of the loop (no round trip through the syncer thread)."""
     store = server.store
     assert store is not None
     settle(server)
@@ -79,7 +81,29 @@ def test_a_small_commit_with_nothing_in_flight_is_synced_in_its_own_pass(server:
     store.journal.append(R.document(R.STATE, {"probe": 2}))
     store.when_synced(lambda: done.append("ack"))
     store.end_of_pass()
+    assert done == [] and store.journal.deferred is not None  # written, not synced: the loop's writes go first
+    assert server.engine.after_flush == store.sync_deferred
+    syncs: list[int] = []
+    real = store.journal.syncer.request  # type: ignore[union-attr]
+    store.journal.syncer.request = lambda t, fds: (syncs.append(t), real(t, fds))  # type: ignore[union-attr]
+    server.engine.run_once(0)
     assert done == ["ack"] and not store.tickets and store.journal.synced == store.journal.ticket
+    assert syncs == [] and store.journal.deferred is None
+
+
+def test_small_commits_of_one_turn_share_the_deferred_sync(server: Server) -> None:
+    store = server.store
+    assert store is not None
+    settle(server)
+    done: list[str] = []
+    for n in range(3):
+        store.journal.append(R.document(R.STATE, {"probe": n}))
+        store.when_synced(lambda n=n: done.append(f"ack{n}"))
+        store.end_of_pass()
+    assert done == [] and len(store.tickets) == 3 and store.journal.deferred is not None
+    assert store.journal.deferred[0] == store.journal.ticket
+    assert store.sync_deferred()
+    assert done == ["ack0", "ack1", "ack2"] and not store.tickets and not store.sync_deferred()
 
 
 def test_a_small_commit_behind_a_sync_in_flight_waits_for_the_thread(server: Server) -> None:
@@ -118,3 +142,19 @@ def test_a_position_dequeued_and_taken_again_in_one_pass_is_recovered_with_its_n
     image, _, _, _ = read_journal(tmp_path / "journal")
     (msgs,) = image.messages.values()
     assert {pos: m[4] for pos, m in msgs.items()} == {2: b"new"}
+
+
+def test_the_loop_does_not_sleep_on_after_flush_work_it_left(server: Server) -> None:
+    """A hook that keeps releasing work is bounded per turn of the loop, and the next turn does not wait for a
+    socket: what it left is done at once."""
+    engine = server.engine
+    calls: list[int] = []
+
+    def hook() -> bool:
+        calls.append(1)
+        return len(calls) <= AFTER_FLUSH_ROUNDS
+    engine.after_flush = hook
+    engine.run_once(0)
+    assert len(calls) == AFTER_FLUSH_ROUNDS and engine._timeout(60.0) == 0.0
+    engine.run_once(60.0)  # returns at once: owed work
+    assert len(calls) == AFTER_FLUSH_ROUNDS + 1 and engine._timeout(60.0) > 0
