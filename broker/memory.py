@@ -1,7 +1,9 @@
 """`--max-memory`: how much memory queued messages may take, and what happens beyond it (flow to disk).
 
-Queued memory is counted as every message's body plus `ENTRY_COST` bytes for each message in memory, plus
-`PAGED_COST` for each paged one (the process needs its own baseline besides: see docs/durability.md).
+Queued memory is counted as every message's body plus `ENTRY_COST` bytes for each message in memory
+(`JOURNALED_ENTRY_COST` on a durable queue of a broker with a journal: its messages' journal locations are objects of
+their own), plus `PAGED_COST` for each paged one (the process needs its own baseline besides: see
+docs/durability.md).
 
 - Over the bound, the highest messages of the biggest durable queues are *paged out*: their journal records stay,
   memory keeps 20 bytes each (`Queue.paged`), down to `LOW_WATER` of the bound. Paged messages are read back in
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from broker.extension import Extension
 from broker.log import get_logger
 from broker.paging import PAGED_COST
-from broker.store.store import ENTRY_COST
+from broker.store.store import ENTRY_COST, JOURNALED_ENTRY_COST
 
 if TYPE_CHECKING:
     from broker.queue import Queue
@@ -37,11 +39,16 @@ FEED_BELOW = 256  # a queue with consumers and fewer available messages in memor
 FEED_BYTES = 1024 * 1024  # bytes read back at once for a queue's consumers
 
 
-def queued_memory(queues: Any) -> int:
-    """Bytes of memory the messages of `queues` take (see the module's note)."""
+def in_memory(q: Queue, journaled: bool) -> int:
+    """Bytes the messages of `q` held in memory take; `journaled`: the broker has a journal (see the module's note)."""
+    return q.bytes + len(q.entries) * (JOURNALED_ENTRY_COST if journaled and q.options.durable else ENTRY_COST)
+
+
+def queued_memory(queues: Any, journaled: bool) -> int:
+    """Bytes of memory the messages of `queues` take, paged ones included."""
     total = 0
     for q in queues:
-        total += q.bytes + len(q.entries) * ENTRY_COST
+        total += in_memory(q, journaled)
         if q.paged is not None:
             total += q.paged.count * PAGED_COST
     return total
@@ -68,7 +75,7 @@ class MemoryBound(Extension):
         if now < self._next:
             return did
         self._next = now + CHECK_INTERVAL
-        used = queued_memory(self.server.wiring.queues.values())
+        used = queued_memory(self.server.wiring.queues.values(), store is not None)
         if store is not None:
             if used > self.limit:
                 used -= self._page_out(store, used - self.low)
@@ -93,7 +100,7 @@ class MemoryBound(Extension):
         """Free about `want` bytes, from the queues holding the most in memory."""
         freed = 0
         queues: list[Queue] = [q for q in store.queues if q.pageable and q.entries]
-        queues.sort(key=lambda q: q.bytes + len(q.entries) * ENTRY_COST, reverse=True)
+        queues.sort(key=lambda q: in_memory(q, True), reverse=True)
         for q in queues:
             if freed >= want:
                 break

@@ -59,7 +59,10 @@ def _free_bytes(directory: Path) -> int:
     except OSError:
         return PROBE_HEADROOM  # cannot tell: let the write itself decide
     return st.f_bavail * st.f_frsize
-ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (docs/performance.md: 243 measured)
+ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (docs/performance.md: 243-258 measured)
+# A journaled message costs one int object more: its location (`Entry.seg`, segment << 32 | offset: 32 bytes; a
+# message that is not journaled shares the 0). Measured: 285 bytes over the body durable, 258 not, in one run.
+JOURNALED_ENTRY_COST = ENTRY_COST + 32
 READ_SPAN = 4 * 1024 * 1024  # bytes read back at once for paged messages
 LOC_OFFSET = (1 << 32) - 1  # Entry.seg = segment << 32 | offset
 _FLAGS = REDELIVERED | DURABLE  # what a record keeps of Entry.flags
@@ -117,7 +120,7 @@ class Image:
         self.state: dict[str, Any] = {}
         self.windows: dict[int, list[tuple[bytes, float]]] = {}  # qid -> duplicate window ids, oldest first
         self.budget = budget
-        self.memory = 0  # bytes of the messages read (bodies and ENTRY_COST each)
+        self.memory = 0  # bytes of the messages read (bodies and JOURNALED_ENTRY_COST each)
 
     def apply(self, rec: R.Record, segment: int) -> None:
         kind = rec.kind
@@ -132,7 +135,7 @@ class Image:
             if msgs:
                 old = msgs.pop(pos, None)  # written again (compaction): the later record stands
                 if old is not None:
-                    self.memory -= len(old[4]) + ENTRY_COST
+                    self.memory -= len(old[4]) + JOURNALED_ENTRY_COST
             index = self.paged.get(qid)
             if index is not None:
                 index.remove_range(pos, pos)
@@ -142,14 +145,14 @@ class Image:
                 index.add(pos, loc, size)
             else:
                 msgs[pos] = (level, flags, count, expires or None, bytes(payload[_ENQ_HEAD:]), loc)
-                self.memory += size + ENTRY_COST
+                self.memory += size + JOURNALED_ENTRY_COST
         elif kind == R.DEQUEUE:
             qid, lo, hi = rec.dequeue()
             msgs = self.messages.get(qid)
             if msgs:
                 gone = [msgs.pop(p, None) for p in range(lo, hi + 1)] if hi - lo < len(msgs) else \
                     [msgs.pop(p) for p in [p for p in msgs if lo <= p <= hi]]
-                self.memory -= sum(len(m[4]) + ENTRY_COST for m in gone if m is not None)
+                self.memory -= sum(len(m[4]) + JOURNALED_ENTRY_COST for m in gone if m is not None)
             index = self.paged.get(qid)
             if index is not None:
                 index.remove_range(lo, hi)
@@ -194,7 +197,7 @@ class Image:
         self.windows.pop(qid, None)
         msgs = self.messages.pop(qid, None)
         if msgs:
-            self.memory -= sum(len(m[4]) + ENTRY_COST for m in msgs.values())
+            self.memory -= sum(len(m[4]) + JOURNALED_ENTRY_COST for m in msgs.values())
         self.paged.pop(qid, None)
 
     def split(self, qid: int) -> tuple[list[tuple[int, Message]], PageIndex | None]:
@@ -756,9 +759,9 @@ class Store(Extension):
 
     def page_out(self, q: Queue, max_bytes: int) -> int:
         """Page out about `max_bytes` of memory from the top of `q`; returns the bytes freed."""
-        out = q.page_out(max_bytes, ENTRY_COST)
+        out = q.page_out(max_bytes, JOURNALED_ENTRY_COST)
         self._count_paged(q, out)
-        return sum(len(e.data) for e in out) + len(out) * (ENTRY_COST - PAGED_COST)
+        return sum(len(e.data) for e in out) + len(out) * (JOURNALED_ENTRY_COST - PAGED_COST)
 
     def page_in(self, q: Queue, max_bytes: int, max_count: int = 10_000) -> int:
         """Read back the lowest paged messages of `q` (about `max_bytes`); returns the bytes of memory taken."""
@@ -777,7 +780,7 @@ class Store(Extension):
         if q.paged is None and not q.parked:
             self.paging.discard(q)
         self.server.wake_queue(q)
-        return sum(len(e.data) for e in entries) + len(entries) * (ENTRY_COST - PAGED_COST)
+        return sum(len(e.data) for e in entries) + len(entries) * (JOURNALED_ENTRY_COST - PAGED_COST)
 
     def read(self, queue: Queue, paged: list[Paged]) -> list[Entry]:
         """Paged messages of `queue` read back from their records, as new entries (not on any queue), in the order
