@@ -9,6 +9,10 @@ docs/durability.md).
   memory keeps 20 bytes each (`Queue.paged`), down to `LOW_WATER` of the bound. Paged messages are read back in
   order when memory is below `LOW_WATER` again, and whenever consumers of a queue run short (`FEED_BELOW`), so a
   consumer is never starved by the bound.
+- The messages in memory of queues that can page take at most `PAGEABLE_SHARE` of the bound (paged out beyond it,
+  down to `LOW_WATER` of that share): the memory paging frees is not the process's to give back at once (the
+  allocator keeps an arena while anything in it lives), and the index of paged messages grows into the rest. Without
+  the share a broker filled far past its bound peaked at bound + baseline + 65 MiB (docs/performance.md).
 - What cannot be paged (non-durable messages, non-durable queues, priority, last-value and limited queues, or any
   queue without a journal) is refused while memory stays over the bound after paging:
   `amqp:resource-limit-exceeded` to the publisher (`Router`), logged once per episode as `memory.over`.
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.paging import PAGED_COST
+from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST
 from broker.store.store import ENTRY_COST, JOURNALED_ENTRY_COST
 
 if TYPE_CHECKING:
@@ -33,7 +37,6 @@ if TYPE_CHECKING:
 
 log = get_logger("broker.memory")
 
-LOW_WATER = 0.8  # page out down to this fraction of the bound; read back while below it
 CHECK_INTERVAL = 0.005  # seconds between sums of queued memory
 FEED_BELOW = 256  # a queue with consumers and fewer available messages in memory reads paged ones back
 FEED_BYTES = 1024 * 1024  # bytes read back at once for a queue's consumers
@@ -42,6 +45,11 @@ FEED_BYTES = 1024 * 1024  # bytes read back at once for a queue's consumers
 def in_memory(q: Queue, journaled: bool) -> int:
     """Bytes the messages of `q` held in memory take; `journaled`: the broker has a journal (see the module's note)."""
     return q.bytes + len(q.entries) * (JOURNALED_ENTRY_COST if journaled and q.options.durable else ENTRY_COST)
+
+
+def pageable_memory(queues: Any) -> int:
+    """Bytes the messages in memory of journaled queues that can page take (`queues`: the store's)."""
+    return sum(in_memory(q, True) for q in queues if q.pageable)
 
 
 def queued_memory(queues: Any, journaled: bool) -> int:
@@ -59,6 +67,8 @@ class MemoryBound(Extension):
         self.server = server
         self.limit = limit
         self.low = int(limit * LOW_WATER)
+        self.share = int(limit * PAGEABLE_SHARE)
+        self.share_low = int(self.share * LOW_WATER)
         self.used = 0
         self.over = False
         self.refused = 0
@@ -77,10 +87,11 @@ class MemoryBound(Extension):
         self._next = now + CHECK_INTERVAL
         used = queued_memory(self.server.wiring.queues.values(), store is not None)
         if store is not None:
-            if used > self.limit:
-                used -= self._page_out(store, used - self.low)
-            elif used < self.low and store.paging:
-                used += self._page_in(store, self.low - used)
+            pageable = pageable_memory(store.queues)
+            if used > self.limit or pageable > self.share:
+                used -= self._page_out(store, max(used - self.low, pageable - self.share_low))
+            elif used < self.low and pageable < self.share_low and store.paging:
+                used += self._page_in(store, min(self.low - used, self.share_low - pageable))
                 did = True
         self.used = used
         over = used > self.limit

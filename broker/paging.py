@@ -14,6 +14,10 @@ from collections.abc import Iterator
 
 BLOCK = 4096
 PAGED_COST = 20  # bytes of memory a paged message costs (positions, locations, sizes)
+# --max-memory (broker.memory): page out down to LOW_WATER of the bound, read back while below it; the messages in
+# memory of queues that can page take at most PAGEABLE_SHARE of the bound (recovery reads bodies up to LOW_WATER of it)
+LOW_WATER = 0.8
+PAGEABLE_SHARE = 0.5
 
 Paged = tuple[int, int, int]  # (position, location, size)
 

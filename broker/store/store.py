@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.paging import PAGED_COST, Paged, PageIndex
+from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
 from broker.queue import DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
 from broker.store.journal import Journal, segment_name, segment_numbers
@@ -296,7 +296,7 @@ class Store(Extension):
             gc.freeze()
 
     def _recover(self, t0: float) -> Recovered:
-        image, report, numbers, last_size = read_journal(self.directory, int(self.max_memory * 0.8))
+        image, report, numbers, last_size = read_journal(self.directory, int(self.max_memory * PAGEABLE_SHARE * LOW_WATER))
         wiring = self.server.wiring
         for name, doc in image.exchanges.items():
             if name not in wiring.exchanges:
