@@ -2,11 +2,11 @@
 
 Queued memory is counted as every message's body plus `ENTRY_COST` bytes for each message in memory
 (`JOURNALED_ENTRY_COST` on a durable queue of a broker with a journal: its messages' journal locations are objects of
-their own), plus `PAGED_COST` for each paged one (the process needs its own baseline besides: see
+their own), plus what the index of paged ones takes (12 bytes each, 20 outside a run of positions: `PageIndex.memory`) (the process needs its own baseline besides: see
 docs/durability.md).
 
 - Over the bound, the highest messages of the biggest durable queues are *paged out*: their journal records stay,
-  memory keeps 20 bytes each (`Queue.paged`), down to `LOW_WATER` of the bound. Paged messages are read back in
+  memory keeps 12-20 bytes each (`Queue.paged`), down to `LOW_WATER` of the bound. Paged messages are read back in
   order when memory is below `LOW_WATER` again, and whenever consumers of a queue run short (`FEED_BELOW`), so a
   consumer is never starved by the bound.
 - The messages in memory of queues that can page take at most `PAGEABLE_SHARE` of the bound (paged out beyond it,
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST
+from broker.paging import LOW_WATER, PAGEABLE_SHARE
 from broker.store.store import ENTRY_COST, JOURNALED_ENTRY_COST
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def queued_memory(queues: Any, journaled: bool) -> int:
     for q in queues:
         total += in_memory(q, journaled)
         if q.paged is not None:
-            total += q.paged.count * PAGED_COST
+            total += q.paged.memory
     return total
 
 

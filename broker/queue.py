@@ -13,7 +13,7 @@ Layout (lean: about 200 bytes per queued message besides its payload, see docs/p
 - per priority level, the available entries in position order: a deque fed like the spine, plus a heap for entries
   that came back (released) or arrived out of order. Stale references (acquired or dead entries) are skipped
   lazily when they reach the front;
-- `paged` (flow to disk, durable queues only): the messages that are on disk only, 20 bytes each
+- `paged` (flow to disk, durable queues only): the messages that are on disk only, 12-20 bytes each
   (`broker.paging.PageIndex`). They are always the highest positions of the queue: while a queue has paged
   messages, a new message is *parked* (in `entries`, not yet available) and paged out at the end of the pass, and
   paged messages come back (`load`) at the top of what is in memory. The durable store decides when (broker.memory).

@@ -16,7 +16,7 @@ bindings, the HA standing), so a segment can be dropped once it is the oldest an
 a queue; the oldest segment with few live messages is compacted (its live messages written again at the end).
 
 Flow to disk (`--max-memory`, broker.memory decides when): a durable queue's highest messages are *paged out* -
-dropped from memory, their journal records kept (`Queue.paged`: 20 bytes a message) - and read back in order
+dropped from memory, their journal records kept (`Queue.paged`: 12-20 bytes a message) - and read back in order
 (`page_in`) when there is room or a consumer needs them. A message enqueued on a queue that has paged messages is
 journaled even if it is not durable (a *spill*: recovery skips it) so that it can be paged out behind them.
 Recovery itself stays under the bound: beyond it, messages are indexed, not read.

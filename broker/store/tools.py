@@ -51,7 +51,7 @@ class Verdict(StrEnum):
 # refusal, a usage error). The broker starts with a journal of code 0 or 3.
 EXIT_CODE = {Verdict.CLEAN: 0, Verdict.TORN: 3, Verdict.DAMAGED: 4, Verdict.NEWER: 5, Verdict.UNREADABLE: 6}
 STARTS = (Verdict.CLEAN, Verdict.TORN)
-INDEX_ONLY = 1  # an Image budget of 1 byte: messages are indexed (20 bytes each), their bodies are not kept
+INDEX_ONLY = 1  # an Image budget of 1 byte: messages are indexed (12-20 bytes each), their bodies are not kept
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from broker.memory import in_memory, queued_memory
-from broker.paging import PAGED_COST, PageIndex
+from broker.paging import BLOCK_COST, PAGED_COST, POSITION_COST, PageIndex
 from broker.store.store import ENTRY_COST, JOURNALED_ENTRY_COST
 
 
@@ -30,4 +30,6 @@ def test_a_journaled_durable_queue_counts_each_message_location() -> None:
 
 def test_paged_messages_count_their_index_entry_only() -> None:
     q = _queue(True, 3, 100, paged=5)
-    assert queued_memory([q], journaled=True) == 3 * (100 + JOURNALED_ENTRY_COST) + 5 * PAGED_COST
+    assert queued_memory([q], journaled=True) == 3 * (100 + JOURNALED_ENTRY_COST) + 5 * PAGED_COST + BLOCK_COST  # one run
+    q.paged.add(100, 1, 100)  # after a gap, in a block too short for a new one: every position costs its bytes
+    assert queued_memory([q], journaled=True) == 3 * (100 + JOURNALED_ENTRY_COST) + 6 * (PAGED_COST + POSITION_COST) + BLOCK_COST

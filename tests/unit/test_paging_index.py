@@ -41,6 +41,14 @@ class IndexMachine(RuleBasedStateMachine):
             self.index.add(pos, pos * 7, 100)
             self.model[pos] = (pos * 7, 100)
 
+    @rule(n=st.integers(1, 20))
+    def prepend_run(self, n: int) -> None:
+        """A run of positions below the lowest, newest first, as a backup's catch-up adds them."""
+        low = min(self.model, default=n + 1)
+        for pos in range(low - 1, max(low - 1 - n, 0), -1):
+            self.index.add(pos, pos * 7, 100)
+            self.model[pos] = (pos * 7, 100)
+
     @rule(n=st.integers(1, 30), max_bytes=st.integers(0, 3000))
     def take_front(self, n: int, max_bytes: int) -> None:
         got = self.index.take_front(n, max_bytes)
@@ -89,6 +97,10 @@ class IndexMachine(RuleBasedStateMachine):
         assert [(p, loc, s) for p, loc, s in self.index.items()] == [(p, *self.model[p]) for p in order]
         assert len(self.index) == len(order) and bool(self.index) == bool(order)
         assert self.index.bytes == sum(s for _, s in self.model.values())
+        explicit = sum(len(b.ps) for b in self.index._blocks if not isinstance(b.ps, range))
+        assert self.index.explicit == explicit
+        assert self.index.memory == (len(order) * paging.PAGED_COST + explicit * paging.POSITION_COST
+                                     + len(self.index._blocks) * paging.BLOCK_COST)
         assert self.index.first() == (order[0] if order else None)
         assert self.index.last() == (order[-1] if order else None)
         expanded = [p for lo, hi in self.index.ranges() for p in range(lo, hi + 1)]
@@ -101,15 +113,31 @@ IndexMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=
 TestPageIndex = IndexMachine.TestCase
 
 
-def test_a_million_paged_messages_cost_about_20_bytes_each() -> None:
+@pytest.mark.parametrize("order", ["ascending", "descending", "gaps"])
+def test_paged_messages_cost_what_the_index_counts(order: str) -> None:
+    """Ascending: new messages parked behind paged ones; descending: paging out the top of a queue, or a backup's
+    catch-up (newest first); gaps: every 100th position missing. Runs of positions cost nothing per message."""
     import tracemalloc
 
+    n = 300_000
+    wanted = [p for p in range(1, n + 1) if order != "gaps" or p % 100]
     tracemalloc.start()
     index = PageIndex()
     before = tracemalloc.get_traced_memory()[0]
-    for pos in range(1, 1_000_001):
+    for pos in (reversed(wanted) if order == "descending" else wanted):
         index.add(pos, pos << 8, 100)
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    assert len(index) == 1_000_000 and index.ranges() == [(1, 1_000_000)]
-    assert used / 1_000_000 <= paging.PAGED_COST + 2, f"{used / 1_000_000:.1f} bytes per paged message"
+    assert len(index) == len(wanted) and [p for p, _, _ in index.items()] == wanted
+    assert index.explicit == 0  # every block a run
+    assert index.memory / len(wanted) <= paging.PAGED_COST + (4 if order == "gaps" else 0.5)
+    assert abs(used - index.memory) <= 0.1 * used, f"{used / len(wanted):.1f} bytes per paged message, counted " \
+                                                   f"{index.memory / len(wanted):.1f}"
+
+
+def test_positions_that_do_not_follow_each_other_cost_their_own_bytes() -> None:
+    index = PageIndex()
+    for pos in range(2, 2000, 2):
+        index.add(pos, pos, 1)
+    assert index.memory == len(index) * (paging.PAGED_COST + paging.POSITION_COST) + paging.BLOCK_COST
+    assert index.remove_range(0, 1 << 40) and index.memory == 0 and index.explicit == 0
