@@ -2,8 +2,8 @@
 
 Queued memory is counted as every message's body plus `ENTRY_COST` bytes for each message in memory
 (`JOURNALED_ENTRY_COST` on a durable queue of a broker with a journal: its messages' journal locations are objects of
-their own), plus what the index of paged ones takes (12 bytes each, 20 outside a run of positions: `PageIndex.memory`) (the process needs its own baseline besides: see
-docs/durability.md).
+their own), plus what the index of paged ones takes (`PageIndex.memory`: 12 bytes each, 20 outside a run of
+positions). The process needs its own baseline besides: see docs/durability.md.
 
 - Over the bound, the highest messages of the biggest durable queues are *paged out*: their journal records stay,
   memory keeps 12-20 bytes each (`Queue.paged`), down to `LOW_WATER` of the bound. Paged messages are read back in

@@ -296,7 +296,8 @@ class Store(Extension):
             gc.freeze()
 
     def _recover(self, t0: float) -> Recovered:
-        image, report, numbers, last_size = read_journal(self.directory, int(self.max_memory * PAGEABLE_SHARE * LOW_WATER))
+        budget = int(self.max_memory * PAGEABLE_SHARE * LOW_WATER)  # bodies read; the rest is only indexed
+        image, report, numbers, last_size = read_journal(self.directory, budget)
         wiring = self.server.wiring
         for name, doc in image.exchanges.items():
             if name not in wiring.exchanges:
