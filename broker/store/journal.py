@@ -205,15 +205,7 @@ class Journal:
                     fds += [fd for fd in deferred[1] if fd not in fds]
                 self.deferred = (self.ticket, fds)
                 return self.ticket
-            try:
-                for fd in fds:
-                    os.fdatasync(fd)
-            except OSError:
-                if self.syncer is None:
-                    raise
-                self.syncer.request(self.ticket, fds)  # it fails again there and reports it the usual way
-                return self.ticket
-            self.synced = self.ticket
+            self._sync_inline(self.ticket, fds)
         else:
             if deferred is not None:  # the thread's sync covers it
                 self.deferred = None
@@ -227,6 +219,11 @@ class Journal:
         if self.deferred is None:
             return None
         (ticket, fds), self.deferred = self.deferred, None
+        return ticket if self._sync_inline(ticket, fds) else None
+
+    def _sync_inline(self, ticket: int, fds: list[int]) -> bool:
+        """fdatasync on the calling thread; True once on disk. On an error with a syncer thread, the thread is asked
+        (it fails again there and reports it the usual way) and False is returned; without one, the error is raised."""
         try:
             for fd in fds:
                 os.fdatasync(fd)
@@ -234,9 +231,9 @@ class Journal:
             if self.syncer is None:
                 raise
             self.syncer.request(ticket, fds)
-            return None
+            return False
         self.synced = max(self.synced, ticket)
-        return ticket
+        return True
 
     def full(self) -> bool:
         """Time to roll over to a new segment."""
