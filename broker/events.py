@@ -152,6 +152,7 @@ FIELDS: Final = _fields(
     Field("mode", S, "how the backup acknowledges: `batched`"),
     Field("moved", N, "live messages written again at the end of the journal"),
     Field("name", S, "an object name"),
+    Field("off_seconds", F, "how long something stays off (seconds)"),
     Field("operation", S, "a management operation (`CREATE`, `DELETE`, ...)"),
     Field("path", S, "a file path"),
     Field("peer", S, "the other broker's id"),
@@ -348,6 +349,10 @@ _EVENTS: tuple[Event, ...] = (
     Event("journal.truncate_failed", _ERR, _S, "a write failed part-way and the partial record could not be cut "
           "back; it is cut as a torn tail at the next start", (U("size", "the segment's size before the write"),
                                                               U("exception"))),
+    Event("journal.sync.slow", _WARN, _S, "an fdatasync made on the event loop (a small commit with nothing else in "
+          "flight) took long: the disk is slow or busy (another process's bulk writes). The loop waited meanwhile "
+          "(no heartbeats), so such syncs go to the syncer thread for `off_seconds` (doubling while it recurs)",
+          (U("seconds", "the sync took"), U("off_seconds", "inline syncs stay off this long"))),
     Event("journal.segment.dropped", _INFO, _S, "a journal segment without live messages was deleted",
           (U("segment"),)),
     Event("journal.segment.compacted", _INFO, _S, "the few live messages of an old segment were written again "

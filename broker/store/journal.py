@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +34,12 @@ class JournalFull(BrokerError):
 
 
 INLINE_SYNC_BYTES = 4096  # a commit this small, with no sync in flight, is synced on the loop (Journal.commit)
+# An inline fdatasync slower than INLINE_SYNC_SLOW seconds (another process's bulk writes on the disk can make one take
+# a second) stalls the loop: heartbeats stop and peers time out. Inline syncs then stay off for INLINE_OFF[0] seconds,
+# twice as long at each slow one within INLINE_OFF[1] seconds of the last, up to INLINE_OFF[1]; the syncer thread
+# takes them meanwhile.
+INLINE_SYNC_SLOW = 0.02
+INLINE_OFF = (30.0, 3600.0)
 
 
 def segment_name(n: int) -> str:
@@ -108,6 +115,10 @@ class Journal:
         self.written = 0  # bytes written since start (stats)
         self.defer_inline = False  # an inline sync waits for `sync_deferred` (the loop's writes go out first)
         self.deferred: tuple[int, list[int]] | None = None  # (ticket, fds) of an inline sync not yet made
+        self.inline_off_until = 0.0  # monotonic time until which syncs go to the thread (a slow inline one was seen)
+        self.inline_off_for = INLINE_OFF[0]
+        self.slow_syncs = 0  # inline syncs slower than INLINE_SYNC_SLOW (stats)
+        self._last_slow = -INLINE_OFF[1]
 
     # ----- files ---------------------------------------------------------------------------------------------------
     def open_segment(self, number: int) -> None:
@@ -193,7 +204,7 @@ class Journal:
         self.to_sync = []
         deferred = self.deferred
         quiet = self.synced == self.ticket - 1 or (deferred is not None and deferred[0] == self.ticket - 1)
-        if self.syncer is None or (quiet and len(data) <= INLINE_SYNC_BYTES):
+        if self.syncer is None or (quiet and len(data) <= INLINE_SYNC_BYTES and self._inline_on()):
             # Nothing else in flight and little to flush (one-at-a-time publishing): fdatasync on the loop saves
             # the round trip through the syncer thread (a wake-up each way), which is most of the latency a
             # durable sync message adds beyond the disk's own. Under load commits are bigger and the thread keeps
@@ -224,6 +235,7 @@ class Journal:
     def _sync_inline(self, ticket: int, fds: list[int]) -> bool:
         """fdatasync on the calling thread; True once on disk. On an error with a syncer thread, the thread is asked
         (it fails again there and reports it the usual way) and False is returned; without one, the error is raised."""
+        t0 = time.monotonic()
         try:
             for fd in fds:
                 os.fdatasync(fd)
@@ -233,7 +245,22 @@ class Journal:
             self.syncer.request(ticket, fds)
             return False
         self.synced = max(self.synced, ticket)
+        took = time.monotonic() - t0
+        if took > INLINE_SYNC_SLOW and self.syncer is not None:
+            self._slow(took, t0 + took)
         return True
+
+    def _inline_on(self) -> bool:
+        return not self.inline_off_until or time.monotonic() >= self.inline_off_until
+
+    def _slow(self, took: float, now: float) -> None:
+        """An inline sync held the loop `took` seconds: the thread takes the syncs for a while (INLINE_OFF)."""
+        recent = now - self._last_slow <= INLINE_OFF[1]
+        self.inline_off_for = min(self.inline_off_for * 2, INLINE_OFF[1]) if recent else INLINE_OFF[0]
+        self._last_slow = now
+        self.inline_off_until = now + self.inline_off_for
+        self.slow_syncs += 1
+        log.warning("journal.sync.slow", seconds=round(took, 4), off_seconds=self.inline_off_for)
 
     def full(self) -> bool:
         """Time to roll over to a new segment."""

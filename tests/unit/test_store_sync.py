@@ -4,6 +4,7 @@ event loop is turned by hand."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from broker.engine.engine import AFTER_FLUSH_ROUNDS
 from broker.queue import DURABLE, DequeueReason
 from broker.server import Server
 from broker.store import records as R
-from broker.store.journal import INLINE_SYNC_BYTES
+from broker.store.journal import INLINE_OFF, INLINE_SYNC_BYTES, INLINE_SYNC_SLOW
 from broker.store.store import read_journal
 
 
@@ -104,6 +105,49 @@ def test_small_commits_of_one_turn_share_the_deferred_sync(server: Server) -> No
     assert store.journal.deferred[0] == store.journal.ticket
     assert store.sync_deferred()
     assert done == ["ack0", "ack1", "ack2"] and not store.tickets and not store.sync_deferred()
+
+
+def test_a_slow_inline_sync_hands_the_syncs_to_the_thread_for_a_while(server: Server,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk busy with another process's writes can take a second for one fdatasync, and an inline one holds the
+    loop (no heartbeats) meanwhile: after one slow inline sync the small commits go to the syncer thread for
+    INLINE_OFF[0] seconds, twice as long if it happens again soon after, and inline again once that has passed."""
+    store = server.store
+    assert store is not None
+    journal = store.journal
+    settle(server)
+    real = os.fdatasync
+
+    def slow(fd: int) -> None:
+        time.sleep(INLINE_SYNC_SLOW * 1.5)
+        real(fd)
+
+    def small_commit() -> list[str]:
+        done: list[str] = []
+        journal.append(R.document(R.STATE, {"probe": 4}))
+        store.when_synced(lambda: done.append("ack"))
+        store.end_of_pass()
+        return done
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    small_commit()
+    assert journal.deferred is not None and store.sync_deferred()  # inline, and slow
+    assert journal.slow_syncs == 1 and journal.inline_off_for == INLINE_OFF[0]
+    assert journal.inline_off_until > time.monotonic() + INLINE_OFF[0] - 5
+    done = small_commit()
+    assert journal.deferred is None and store.tickets and done == []  # to the thread: the loop does not wait
+    settle(server)
+    assert done == ["ack"]
+
+    journal.inline_off_until = time.monotonic() - 1  # the time is up: inline again
+    small_commit()
+    assert journal.deferred is not None and store.sync_deferred()  # slow again, soon after the first
+    assert journal.slow_syncs == 2 and journal.inline_off_for == 2 * INLINE_OFF[0]
+
+    monkeypatch.setattr(os, "fdatasync", real)
+    journal.inline_off_until = time.monotonic() - 1
+    small_commit()
+    assert journal.deferred is not None and store.sync_deferred() and journal.slow_syncs == 2
 
 
 def test_a_small_commit_behind_a_sync_in_flight_waits_for_the_thread(server: Server) -> None:
