@@ -58,6 +58,7 @@ log = structlog.get_logger("ha.coordinator")  # events of the catalogue (broker/
 LEASE_FRACTION = 0.8  # of the session timeout
 RENEW_FRACTION = 0.25  # a turn at least this often (of the session timeout)
 MIN_SESSION_TIMEOUT = 1.0
+RESTART_GRACE = 1.0  # seconds kazoo's connection thread is seen dead before the client is started again
 MAX_SESSION_TIMEOUT = 60.0
 
 
@@ -172,6 +173,7 @@ class ZooKeeperCoordinator(Coordinator):
         self._view = ClusterView(cluster=self.layout.cluster_name, path=self.layout.root, leader=None, epoch=0,
                                  session=Session.SUSPENDED)
         self._last_reported: ClusterView | None = None
+        self._dead_since: float | None = None  # kazoo's connection thread seen dead since (monotonic)
 
     # -- Coordinator ---------------------------------------------------------------------------------------
 
@@ -244,6 +246,16 @@ class ZooKeeperCoordinator(Coordinator):
             for item in items:
                 if isinstance(item, _StateChange):
                     self._handle_state(item.state)
+            if self._session is Session.LOST and self._connection_thread_died():
+                # Seen dead for RESTART_GRACE (a thread just started clears the flag in its first moments).
+                now = time.monotonic()
+                if self._dead_since is None:
+                    self._dead_since = now
+                elif now - self._dead_since >= RESTART_GRACE:
+                    self._dead_since = None
+                    self._restart_client()
+            else:
+                self._dead_since = None
             if self._session is not Session.CONNECTED or not self._client.connected:
                 continue
             try:
@@ -253,6 +265,23 @@ class ZooKeeperCoordinator(Coordinator):
                 log.warning("ha.zookeeper.turn_failed", description=repr(exc))
                 delays = delays or backoff_delays(0.05, max(0.1, self.session_timeout * RENEW_FRACTION))
             self._report_view()
+
+    def _connection_thread_died(self) -> bool:
+        """kazoo's connection thread ended although nobody stopped the client: an exception of its own (seen under
+        load with kazoo 2.11: `RuntimeError: xids do not match` in `_read_response`). kazoo then reports LOST and
+        never connects again by itself."""
+        stopped = getattr(getattr(self._client, "_connection", None), "connection_stopped", None)
+        asked = getattr(self._client, "_stopped", None)
+        return bool(stopped is not None and stopped.is_set() and asked is not None and not asked.is_set())
+
+    def _restart_client(self) -> None:
+        log.warning("ha.zookeeper.client_restarted",
+                    description="kazoo's connection thread ended on an error; starting it again (a new session)")
+        try:
+            # Not stop(): it would queue a close request that the new connection then sends, ending its session.
+            self._client.start_async()
+        except Exception as exc:  # retried at the next turn of the worker
+            log.warning("ha.zookeeper.turn_failed", description=f"restarting the client: {exc!r}")
 
     def _drain(self, timeout: float) -> list[_Wake | _StateChange]:
         try:

@@ -198,6 +198,30 @@ def test_stopped_server_suspends_the_leader_and_restart_resumes_it(cluster: Clus
     assert cluster.rec.events("b1", "lost") == []
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's end
+def test_a_kazoo_connection_thread_that_dies_is_started_again_and_the_broker_leads_again(cluster: Cluster) -> None:
+    """kazoo 2.11's connection thread can end on an error of its own (`RuntimeError: xids do not match`, seen in a
+    chaos soak): kazoo says LOST and would never connect again, leaving the broker outside every election for good.
+    The coordinator starts the client again: a new session, and the broker contends again."""
+    leader = cluster.add("b1", via_proxy=True)
+    member = cluster.members["b1"]
+    assert member.proxy is not None
+    cluster.wait_leader("b1", epoch=1)
+    conn = member.client._connection  # type: ignore[attr-defined]
+    real = conn._connect_attempt
+
+    def crash(*args: object, **kwargs: object) -> object:
+        conn._connect_attempt = real  # once
+        raise RuntimeError("xids do not match, expected 7 received 8")
+
+    conn._connect_attempt = crash
+    member.proxy.cut()  # kazoo reconnects: its next connection attempt ends the thread
+    wait_until(lambda: cluster.rec.events("b1", "lost") != [], DEADLINE, "b1 to be told it lost")
+    assert not leader.holds_lease()
+    cluster.wait_leader("b1", epoch=2)
+    assert leader.view().session is Session.CONNECTED
+
+
 def test_partitioned_leader_is_suspended_then_lost_and_rejoins_as_follower(cluster: Cluster) -> None:
     old = cluster.add("b1", position=9, via_proxy=True)
     lease_when_replaced: list[bool] = []
