@@ -41,6 +41,7 @@ def test_a_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3 * 3600)  # ~90 min on an idle machine; the suite's 300 s would stop it every time
 def test_a_thousand_faults_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     assert_exactly_once(run(tmp_path, 1000))
 
