@@ -446,8 +446,8 @@ _EVENTS: tuple[Event, ...] = (
     Event("ha.zookeeper.turn_failed", _WARN, _C, "a ZooKeeper round failed; retried with back-off",
           (U("description"),)),
     Event("ha.zookeeper.client_restarted", _WARN, _C, "kazoo's connection thread ended on an error of its own (its "
-          "session is LOST and it would never connect again): the coordinator stops and starts the client, which "
-          "then connects with a new session", (U("description"),)),
+          "session is LOST and it would never connect again): the coordinator starts the client again, which then "
+          "connects with a new session", (U("description"),)),
     Event("ha.zookeeper.resign_failed", _WARN, _C, "leaving ZooKeeper cleanly at stop failed (the session's "
           "ephemeral znodes expire anyway)", (U("description"),)),
     Event("ha.zookeeper.callback_failed", _ERR, _C, "a coordinator callback raised (a bug)", (U("exception"),)),

@@ -4,6 +4,8 @@ Group commit without blocking the event loop: `commit()` writes what the pass ap
 cache, on the loop thread) and hands a *ticket* to the syncer thread, which calls `fdatasync` (the GIL is released
 meanwhile) and reports the highest ticket made durable through `on_synced`, from its own thread: the caller passes
 it back to the loop (`call_soon_threadsafe`). Requests that queue up while a sync runs are served by the next one.
+A small commit with nothing in flight is synced by the loop itself instead, after it wrote its sockets
+(`defer_inline`, `sync_deferred`), unless a recent inline sync was slow (INLINE_SYNC_SLOW, INLINE_OFF).
 
 A failed write (disk full, I/O error) leaves the file as it was (a partial write is cut back) and raises
 `JournalFull`/`JournalError`; the caller refuses durable work until a later write succeeds.
