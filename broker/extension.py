@@ -59,8 +59,19 @@ class Extension:
 
     # ----- messages ----------------------------------------------------------------------------------------------
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
-        """A client's delivery was enqueued at `routed`. Return True to hold its settlement (then call
+        """A client's delivery was enqueued at `routed` (on queues that are not plain, or by a transaction; deliveries
+        to plain queues come as groups, `hold_group`). Return True to hold its settlement (then call
         `completion.release()` exactly once later)."""
+        return False
+
+    def hold_group(self, queue: Queue, completions: list[Completion], entries: list[Entry]) -> bool:
+        """The client deliveries a pass enqueued on the plain queue `queue` (`entries[i]` is `completions[i]`'s
+        message, in position order), shown at the start of the pass's end-of-pass work. Return True to hold every
+        one of them (then release each exactly once later); to hold only some, add 1 to their `pending` yourself
+        and return False. The default asks `hold` about each."""
+        for c, e in zip(completions, entries, strict=True):
+            if self.hold(c, [(queue, e)]):
+                c.pending += 1
         return False
 
     def hold_accept(self, token: AcceptToken, queue: Queue) -> bool:

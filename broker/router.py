@@ -4,6 +4,7 @@ dispatching queued messages to consumers and browsers, dead-lettering, and repli
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from proton import Message
@@ -36,6 +37,9 @@ class Router:
         # (queue, message-id) of windowed messages whose publisher has not been answered yet: a resend arriving
         # meanwhile is dropped by the window and answered only after the original (see `_follow`).
         self.unconfirmed: dict[tuple[str, bytes], Completion] = {}
+        # This pass's client deliveries to plain queues, per queue in position order, not yet shown to the
+        # extensions (`hold_groups`).
+        self.groups: dict[Queue, tuple[list[Completion], list[Entry]]] = {}
 
     def route_exchange(self, exchange: str, subject: str | None) -> list[Queue]:
         names = self.wiring.route(exchange, subject)  # with the exchange's alternate-exchange
@@ -56,25 +60,70 @@ class Router:
         if self.server.refusing:  # the journal cannot write, or memory is over --max-memory
             self._refuse(address, q, durable)
         if q is not None and q.plain:  # the usual case: one queue, nothing to check
-            routed = [(q, q.enqueue(data, priority, expires, durable))]
+            e = q.enqueue(data, priority, expires, durable)
             if q in self.consumers:
                 self.server.dirty.add(q)
-            dropped: Dropped = None
-        else:
-            routed, dropped = self._route(address, q, data, priority, expires, durable)
-        if raw.delivery_settled(d):  # pre-settled by the sender: at most once, nothing to hold
-            pub.unsettled -= 1
-            raw.delivery_settle(d)
-            self.server.woken.add(pub)
+            if raw.delivery_settled(d):
+                self._presettled(pub, d)
+                return
+            # The extensions see it at the end of the pass, with the rest of the pass's deliveries to `q`
+            # (`hold_groups`): one call per queue and pass instead of one per message.
+            g = self.groups.get(q)
+            if g is None:
+                g = self.groups[q] = ([], [])
+            g[0].append(Completion(pub, d))
+            g[1].append(e)
+            return
+        routed, dropped = self._route(address, q, data, priority, expires, durable)
+        if raw.delivery_settled(d):
+            self._presettled(pub, d)
             return
         c = Completion(pub, d)
         if routed and self.extensions:
+            if self.groups:
+                self.hold_groups_of(t for t, _ in routed)  # keeps each queue's holds in position order
             for ext in self.extensions:
                 if ext.hold(c, routed):
                     c.pending += 1
         if dropped is not None:
             self._follow(c, routed, *dropped)
         c.release()
+
+    def _presettled(self, pub: PublisherLink, d: Any) -> None:
+        """Pre-settled by the sender: at most once, nothing to hold."""
+        pub.unsettled -= 1
+        raw.delivery_settle(d)
+        self.server.woken.add(pub)
+
+    def hold_groups(self) -> None:
+        """Start of the end-of-pass work: hand each queue's group of this pass's client deliveries to the
+        extensions (`Extension.hold_group`); a delivery no extension holds is settled in this pass."""
+        groups, self.groups = self.groups, {}
+        for q, (completions, entries) in groups.items():
+            self._hold_group(q, completions, entries)
+
+    def hold_groups_of(self, queues: Iterable[Queue]) -> None:
+        """Hold now the groups of `queues` gathered so far in this pass: a delivery about to be held on one of them
+        by another way (`Extension.hold`) must come after them, as its position does."""
+        for q in queues:
+            g = self.groups.pop(q, None)
+            if g is not None:
+                self._hold_group(q, *g)
+
+    def _hold_group(self, q: Queue, completions: list[Completion], entries: list[Entry]) -> None:
+        held = 0
+        for ext in self.extensions:
+            if ext.hold_group(q, completions, entries):
+                held += 1
+        if held > 1:
+            for c in completions:
+                c.pending += held - 1
+        elif held == 0:  # the router's own share released (Completion.release, inlined)
+            to_settle = self.server.to_settle
+            for c in completions:
+                c.pending -= 1
+                if not c.pending:
+                    to_settle.append(c)
 
     def _follow(self, c: Completion, routed: list[tuple[Queue, Entry]], mid: bytes, duplicates: list[Queue]) -> None:
         """A windowed message: a resend whose original is not answered yet is answered after it (were it answered

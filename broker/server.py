@@ -322,8 +322,12 @@ class Server:
         """Once per pass: dispatch, deferred link work, the extensions' end-of-pass work, settlement; repeated
         until nothing is left (dispatching can settle, settling can free credit, replication can release)."""
         exts = self.extensions
+        router = self.router
         for _ in range(100):
             did = False
+            if router.groups:  # first: the pass's deliveries are held before anything can dequeue or settle them
+                router.hold_groups()
+                did = True
             if self.dirty:
                 dirty, self.dirty = self.dirty, set()
                 for q in dirty:

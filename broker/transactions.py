@@ -217,6 +217,7 @@ class Transactions:
             ext.committed(touched)
         c = Completion(coordinator, d)
         if routed:
+            self.server.router.hold_groups_of(q for q, _ in routed)  # this pass's earlier deliveries first
             for ext in self.server.extensions:
                 if ext.hold(c, routed):
                     c.pending += 1

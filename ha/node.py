@@ -133,6 +133,9 @@ class HaNode(Extension):
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
         return self.primary is not None and self.primary.hold(completion, routed)
 
+    def hold_group(self, queue: Queue, completions: list[Completion], entries: list[Entry]) -> bool:
+        return self.primary is not None and self.primary.hold_group(queue, completions, entries)
+
     def hold_accept(self, token: AcceptToken, queue: Queue) -> bool:
         return self.primary is not None and self.primary.hold_accept(token, queue)
 

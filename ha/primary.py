@@ -329,6 +329,19 @@ class Primary:
                 held = True
         return held
 
+    def hold_group(self, q: Queue, completions: list[Completion], entries: list[Entry]) -> bool:
+        """`hold` for a pass's deliveries to one plain queue: they join its group for this pass at once."""
+        if self.recovery_held is not None:
+            for c in completions:
+                c.pending += 1
+            self.recovery_held.extend(completions)
+        if self.backups and not q.deleted and self.replicated(q):
+            w = self.watches.get(q.name)
+            if w is not None:
+                w.hold_group(completions, entries)
+                return True
+        return False
+
     def settle_shortfall(self) -> tuple[int, int] | None:
         """(ready, required) while fewer backups are ready than --ha-min-ready-backups, else None."""
         need = self.config.ha_min_ready_backups

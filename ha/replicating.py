@@ -12,6 +12,7 @@ import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cproton import pn_delivery_tag
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from broker.server import Server
 
 log = get_logger("ha.primary")
+_position, _data = attrgetter("position"), attrgetter("data")
 _tags = itertools.count(1)
 
 # Catch-up in flight per queue: CATCHUP_BATCHES batches of at most CATCHUP_BATCH bytes. Enough to keep the backup
@@ -107,6 +109,15 @@ class QueueWatch:
         self.held_positions.append(position)
         self.held_tokens.append(completion)
         self.held_bytes += nbytes
+        if not self.scheduled:
+            self.scheduled = True
+            self.primary.changed.append(self)
+
+    def hold_group(self, completions: list[Completion], entries: list[Entry]) -> None:
+        """`hold` for several deliveries at once (positions ascending, above any held before in this pass)."""
+        self.held_positions.extend(map(_position, entries))
+        self.held_tokens.extend(completions)
+        self.held_bytes += sum(map(len, map(_data, entries)))
         if not self.scheduled:
             self.scheduled = True
             self.primary.changed.append(self)

@@ -494,6 +494,18 @@ class Store(Extension):
                 return True
         return False
 
+    def hold_group(self, queue: Queue, completions: list[Completion], entries: list[Entry]) -> bool:
+        if queue not in self.queues:  # not journaled
+            return False
+        held = [c for c, e in zip(completions, entries, strict=True) if e.seg and e.flags & DURABLE]
+        if len(held) == len(completions):
+            self.waiting.extend(held)
+            return True
+        for c in held:  # durable and non-durable messages in one pass: only the durable ones wait for the disk
+            c.pending += 1
+        self.waiting.extend(held)
+        return False
+
     def refusing(self) -> str | None:
         """Why durable messages are refused now (None: they are taken)."""
         return self.failed
