@@ -410,6 +410,42 @@ class Queue:
             o.enqueued(self, entry)
         return entry
 
+    def append_replicas(self, records: list[Any]) -> tuple[int, int] | None:
+        """A backup's live batch in one go: `records` are enqueues (position, level, flags, count, expires, body)
+        in ascending position order above every position on the queue, with no flags but REDELIVERED and DURABLE,
+        and nothing is paged; applied as `enqueue_replica` would one by one. Returns (first, last) position, or None
+        having applied nothing when the records are not such a run (the caller applies them one by one)."""
+        if self.paged is not None or not records:
+            return None
+        last = self.next_position - 1
+        for r in records:
+            if type(r) is not tuple or len(r) != 6 or r[0] <= last or r[2] & ~(REDELIVERED | DURABLE):
+                return None
+            last = r[0]
+        top = self._levels - 1
+        entries, spine, avails = self.entries, self._spine, self._avail
+        out = []
+        nbytes = expiring = 0
+        for pos, level, flags, count, expires, data in records:
+            e = Entry(pos, data, level if level <= top else top, expires or None, flags)
+            e.count = count
+            entries[pos] = e
+            spine.append(e)
+            avails[e.level].append(e)
+            nbytes += len(data)
+            if expires:
+                expiring += 1
+            out.append(e)
+        self.next_position = last + 1
+        self._available += len(out)
+        self.bytes += nbytes
+        self._expiring += expiring
+        self.stats.enqueued += len(out)
+        for o in self.observers:
+            for e in out:
+                o.enqueued(self, e)
+        return records[0][0], last
+
     def restore(self, items: list[tuple[int, tuple[int, int, int, float | None, bytes, int]]]) -> list[Entry]:
         """Recovery: messages `(position, (level, flags, count, expires, data, journal location))` in ascending
         position order; onto an empty queue in one go (recovering 1M is measured), else one by one."""

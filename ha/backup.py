@@ -602,6 +602,13 @@ class Backup:
             ps = self.pending_acks[queue] = PositionSet()
         ps.add_sequence(positions)
 
+    def acked_range(self, queue: str, first: int, last: int) -> None:
+        """`acked` for every position from `first` to `last`."""
+        ps = self.pending_acks.get(queue)
+        if ps is None:
+            ps = self.pending_acks[queue] = PositionSet()
+        ps.add_range(first, last)
+
     def dequeue_applied(self, queue: str, lo: int, hi: int) -> None:
         """A batch's dequeue range lo..hi was applied: acknowledged with the next batch (version-2 primaries)."""
         if self.dequeue_acks:

@@ -31,6 +31,19 @@ class QueueMachine(RuleBasedStateMachine):
         self.model[pos] = {"state": AVAILABLE, "level": level, "data": data}
         self.next = pos + 1
 
+    @rule(levels=st.lists(st.integers(0, 4), min_size=1, max_size=8), gaps=st.lists(st.integers(1, 3), min_size=8,
+                                                                                      max_size=8))
+    def append_live_batch(self, levels: list[int], gaps: list[int]) -> None:
+        """A backup's live batch applied in one go (`append_replicas`), positions ascending with gaps."""
+        pos = max(self.next, self.q.next_position)
+        records = []
+        for level, gap in zip(levels, gaps, strict=False):
+            records.append((pos, level, 0, 0, 0.0, bytes([level])))
+            self.model[pos] = {"state": AVAILABLE, "level": min(level, self.levels - 1), "data": bytes([level])}
+            pos += gap
+        assert self.q.append_replicas(records) == (records[0][0], records[-1][0])
+        self.next = records[-1][0] + 1
+
     @rule(level=st.integers(0, 2), offset=st.integers(1, 999))
     def enqueue_anywhere_below(self, level: int, offset: int) -> None:
         pos = self.next - offset
@@ -142,3 +155,21 @@ def test_catch_up_newest_first_goes_to_the_front_in_order() -> None:
     assert list(q.positions()) == list(range(1, 5011))
     assert q._extra is None  # all at the front: no sorted side list needed
     assert [q.acquire_next(now=0.0).position for _ in range(3)] == [1, 2, 3]  # type: ignore[union-attr]
+
+
+def test_a_batch_that_is_not_a_run_at_the_back_is_left_whole() -> None:
+    """`append_replicas` applies nothing (the caller goes one by one) unless every record is a plain enqueue above
+    the queue's positions, ascending."""
+    q = Queue("r", {}, QueueOptions())
+    q.enqueue_replica(10, b"ten", 0, 0, 0, None)
+    e = (11, 0, 0, 0, 0.0, b"x")
+    for records in ([(10, 0, 0, 0, 0.0, b"x")],  # not above what the queue holds
+                    [e, (11, 0, 0, 0, 0.0, b"y")],  # a position twice
+                    [(13, 0, 0, 0, 0.0, b"x"), (12, 0, 0, 0, 0.0, b"y")],  # descending (catch-up)
+                    [e, (12, 0, 16, 0, 0.0, b"y")],  # a flag that needs more than an insert (HELD)
+                    [e, (12, 13)]):  # a dequeue range
+        assert q.append_replicas(records) is None
+        assert sorted(q.entries) == [10] and q.next_position == 11 and q.bytes == 3
+    assert q.append_replicas([e, (12, 0, 1, 2, 0.0, b"yy")]) == (11, 12)
+    assert [q.acquire_next().position for _ in range(3)] == [10, 11, 12]  # type: ignore[union-attr]
+    assert q.entries[12].count == 2 and q.bytes == 6 and q.next_position == 13
