@@ -436,14 +436,7 @@ class Queue:
             if expires:
                 expiring += 1
             out.append(e)
-        self.next_position = last + 1
-        self._available += len(out)
-        self.bytes += nbytes
-        self._expiring += expiring
-        self.stats.enqueued += len(out)
-        for o in self.observers:
-            for e in out:
-                o.enqueued(self, e)
+        self._appended(out, nbytes, expiring)
         return records[0][0], last
 
     def restore(self, items: list[tuple[int, tuple[int, int, int, float | None, bytes, int]]]) -> list[Entry]:
@@ -471,6 +464,12 @@ class Queue:
             if e.expires is not None:
                 expiring += 1
             out.append(e)
+        self._appended(out, nbytes, expiring)
+        return out
+
+    def _appended(self, out: list[Entry], nbytes: int, expiring: int) -> None:
+        """The counts and observers of entries `append_replicas` or `restore` put at the back in one go (`nbytes`
+        of messages, `expiring` of them with an expiry)."""
         if out:
             self.next_position = max(self.next_position, out[-1].position + 1)
         self._available += len(out)
@@ -480,7 +479,6 @@ class Queue:
         for o in self.observers:
             for e in out:
                 o.enqueued(self, e)
-        return out
 
     def _insert(self, entry: Entry) -> None:
         position = entry.position
