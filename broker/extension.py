@@ -68,7 +68,9 @@ class Extension:
         """The client deliveries a pass enqueued on the plain queue `queue` (`entries[i]` is `completions[i]`'s
         message, in position order), shown at the start of the pass's end-of-pass work. Return True to hold every
         one of them (then release each exactly once later); to hold only some, add 1 to their `pending` yourself
-        and return False. The default asks `hold` about each."""
+        and return False. The default asks `hold` about each (if the extension has its own `hold`)."""
+        if type(self).hold is Extension.hold:
+            return False
         for c, e in zip(completions, entries, strict=True):
             if self.hold(c, [(queue, e)]):
                 c.pending += 1

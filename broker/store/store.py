@@ -495,7 +495,7 @@ class Store(Extension):
         return False
 
     def hold_group(self, queue: Queue, completions: list[Completion], entries: list[Entry]) -> bool:
-        if queue not in self.queues:  # not journaled
+        if queue not in self.queues and not queue.deleted:  # not journaled (a queue deleted in this pass may be)
             return False
         held = [c for c, e in zip(completions, entries, strict=True) if e.seg and e.flags & DURABLE]
         if len(held) == len(completions):
