@@ -597,17 +597,17 @@ class Backup:
             self._lost(f"replication of queue {name} ended with a transaction incomplete")
 
     def acked(self, queue: str, positions: list[int]) -> None:
-        ps = self.pending_acks.get(queue)
-        if ps is None:
-            ps = self.pending_acks[queue] = PositionSet()
-        ps.add_sequence(positions)
+        self._pending_acks(queue).add_sequence(positions)
 
     def acked_range(self, queue: str, first: int, last: int) -> None:
         """`acked` for every position from `first` to `last`."""
+        self._pending_acks(queue).add_range(first, last)
+
+    def _pending_acks(self, queue: str) -> PositionSet:
         ps = self.pending_acks.get(queue)
         if ps is None:
             ps = self.pending_acks[queue] = PositionSet()
-        ps.add_range(first, last)
+        return ps
 
     def dequeue_applied(self, queue: str, lo: int, hi: int) -> None:
         """A batch's dequeue range lo..hi was applied: acknowledged with the next batch (version-2 primaries)."""

@@ -164,15 +164,14 @@ class QueueReplicator:
         q = self.queue
         if q.deleted:
             return
-        if records and type(records[0]) is tuple and len(records[0]) == 6 and records[0][0] >= q.next_position:
-            run = q.append_replicas(records)  # the usual live batch: new messages at the back, in one go
-            if run is not None:
-                first, last = run
-                if last - first + 1 == len(records):  # no gaps (the usual case): one range
-                    self.backup.acked_range(q.name, first, last)
-                else:
-                    self.backup.acked(q.name, [r[0] for r in records])  # type: ignore[misc]
-                return
+        run = q.append_replicas(records)  # the usual live batch: new messages at the back, in one go
+        if run is not None:
+            first, last = run
+            if last - first + 1 == len(records):  # no gaps (the usual case): one range
+                self.backup.acked_range(q.name, first, last)
+            else:
+                self.backup.acked(q.name, [r[0] for r in records])  # type: ignore[misc]
+            return
         entries = q.entries
         applied: list[int] = []
         for r in records:

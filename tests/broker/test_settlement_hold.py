@@ -47,7 +47,7 @@ def held_order(url: str) -> list[int]:
         return list(m.call("READ", TYPE).body["order"])
 
 
-def send_unwaited(c: BlockingConnection, link: Any, bodies: list[str]) -> list[Delivery]:
+def send_unwaited(link: Any, bodies: list[str]) -> list[Delivery]:
     """Transfers written with the connection's next write (nothing waits for them here)."""
     deliveries = []
     for b in bodies:
@@ -63,12 +63,7 @@ def test_deliveries_stay_unsettled_until_the_holder_releases_them(holding: Broke
     c = connect(url)
     try:
         link = c.create_sender("held").link
-        deliveries = []
-        for i in range(N):
-            d = link.delivery(f"d{i}")
-            link.send(bytes(Message(body=f"m{i}").encode()))
-            link.advance()
-            deliveries.append(d)
+        deliveries = send_unwaited(link, [f"m{i}" for i in range(N)])
         round_trip(c)
         assert link.queued == 0
         # Enqueued meanwhile, and held.
@@ -143,7 +138,7 @@ def test_a_holder_may_hold_part_of_a_pass(brokers: BrokerFactory, monkeypatch: p
     c = connect(b.url)
     try:
         link = c.create_sender("part").link
-        deliveries = send_unwaited(c, link, [f"m{i}" for i in range(1, 11)])  # positions 1..10, one write
+        deliveries = send_unwaited(link, [f"m{i}" for i in range(1, 11)])  # positions 1..10, one write
         c.wait(lambda: all(d.settled for d in deliveries[0::2]), timeout=10, msg="the odd positions settled")
         round_trip(c)
         assert [d.settled for d in deliveries] == [True, False] * 5
@@ -167,7 +162,7 @@ def test_holds_follow_positions_when_a_commit_shares_a_pass_with_plain_transfers
         sender = c.create_sender("mixed-pass")
         txn = Txn(c)
         txn.send(sender, Message(body="in-txn"))
-        plain = send_unwaited(c, sender.link, [f"plain-{i}" for i in range(20)])
+        plain = send_unwaited(sender.link, [f"plain-{i}" for i in range(20)])
         txn.start_commit()
         round_trip(c)  # one write: the plain transfers, then the discharge; all processed once this is back
         with mgmt(url) as m:
