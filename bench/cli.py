@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         f"than ours at most {RSS_OTHERS_MAX}]")
     p.add_argument("--hop-count", type=int, default=20_000, help="round trips of the loopback hop measurement")
     p.add_argument("--fsync-count", type=int, default=2_000,
-                   help="appends (256 B, write + fdatasync) of the disk measurement in the work directory [2000]")
+                   help="writes (256 B, write + fdatasync) of the disk measurement in the work directory [2000]")
     p.add_argument("--recovery-messages", type=int,
                    help="durable messages filled before the SIGKILL in the recovery phase [quick 100000, full and "
                         "durable 1000000]")
@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
           f"messages, {hop_result['method']})", file=sys.stderr, flush=True)
     fsync_result = fsync.measure(workdir, args.fsync_count)
     print(f"== disk: write + fdatasync p50 {fsync_result['p50_us']:.0f} µs, p99 {fsync_result['p99_us']:.0f} µs "
-          f"({fsync_result['size']}-byte appends, {fsync_result['filesystem']})"
+          f"({fsync_result['size']}-byte writes into a zero-filled file, {fsync_result['filesystem']}; appending: "
+          f"p50 {fsync_result.get('append_p50_us', float('nan')):.0f} µs)"
           + "".join(f", {w} writers at once p50 {v:.0f} µs"
                     for w, v in (fsync_result.get("concurrent_p50_us") or {}).items())
           + (f", ERROR {fsync_result['error']}" if fsync_result["error"] else ""), file=sys.stderr, flush=True)

@@ -1,10 +1,13 @@
 """The disk's write+fdatasync latency, measured once per run on the disk that holds the brokers' data dirs.
 
-What the journal does per commit (broker/store/journal.py): an `O_APPEND` write to a segment file that grows (no
-preallocation), then `fdatasync`. Here: the same on a fresh file in the bench's work directory (the parent of every
-broker's `--data-dir`), `count` times with `size` bytes each after a warm-up; the figure is the median of write +
-fdatasync. Python's own cost per call (a few µs) is in it and is small against a flush to the device. It prices the
-durable sync-latency goal: a durable message with one in flight waits for one such commit.
+What the journal does per commit (broker/store/journal.py): a write at the end of its data in a segment file that
+was zero-filled (and fdatasynced) in advance, then `fdatasync`. Here: the same on a fresh file in the bench's work
+directory (the parent of every broker's `--data-dir`), `count` times with `size` bytes each after a warm-up; the
+figure is the median of write + fdatasync. Python's own cost per call (a few µs) is in it and is small against a
+flush to the device. It prices the durable sync-latency goal: a durable message with one in flight waits for one
+such commit. Beside it, `append_*`: the same appending to a file that grows (what the journal did before its
+segments were zero-filled, and still does for the first megabytes after a start): that flush also commits the
+file's new size.
 
 `concurrent`: the same with 2 and 3 writers at once (threads, each on its own file; fdatasync releases the GIL), as
 a primary and its backups on one machine flush their journals at the same moment: when the device serializes
@@ -48,11 +51,19 @@ def mount_of(path: str, mounts_text: str) -> str:
     return best[1]
 
 
-def _appends(path: Path, count: int, size: int, samples: list[float], errors: list[str],
-             start: threading.Barrier | None = None) -> None:
+def _writes(path: Path, count: int, size: int, samples: list[float], errors: list[str],
+            start: threading.Barrier | None = None, prepared: bool = True) -> None:
     data = b"\xa5" * size
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (0 if prepared else os.O_APPEND), 0o600)
     try:
+        if prepared:  # as the journal's Preparer does: zeros, on disk, then written over from the start
+            total = size * (WARMUP + count)
+            zeros = bytes(min(total, 1 << 20))
+            done = 0
+            while done < total:
+                done += os.write(fd, zeros[: total - done])
+            os.fdatasync(fd)
+            os.lseek(fd, 0, os.SEEK_SET)
         if start is not None:
             start.wait(30)
         for i in range(WARMUP + count):
@@ -72,7 +83,7 @@ def _concurrent_p50(directory: Path, writers: int, count: int, size: int) -> flo
     samples: list[float] = []
     errors: list[str] = []
     start = threading.Barrier(writers)
-    threads = [threading.Thread(target=_appends, args=(directory / f"fsync-probe-{writers}-{i}.bin", count, size,
+    threads = [threading.Thread(target=_writes, args=(directory / f"fsync-probe-{writers}-{i}.bin", count, size,
                                                         samples, errors, start)) for i in range(writers)]
     for t in threads:
         t.start()
@@ -91,10 +102,14 @@ def measure(directory: Path, count: int = 2000, size: int = 256, concurrent: tup
         filesystem = "?"
     samples: list[float] = []
     errors: list[str] = []
-    _appends(path, count, size, samples, errors)
+    _writes(path, count, size, samples, errors)
     out = summarize(samples, str(path), size, filesystem)
     if errors:
         out["error"] = errors[0]
         return out
+    appends: list[float] = []
+    _writes(path, count, size, appends, errors, prepared=False)
+    grown = summarize(appends, str(path), size, filesystem)
+    out["append_p50_us"], out["append_p99_us"] = grown["p50_us"], grown["p99_us"]
     out["concurrent_p50_us"] = {str(w): _concurrent_p50(directory, w, max(1, count // 2), size) for w in concurrent}
     return out

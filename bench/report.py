@@ -384,8 +384,11 @@ def durable_cost_markdown(summary: dict[str, dict[str, dict[str, float]]], targe
 
 def fsync_line(f: dict[str, Any]) -> str:
     return (f"Disk (same run, the brokers' data dirs' file system {f.get('filesystem', '?')}): write + fdatasync of "
-            f"{f.get('size', '?')}-byte appends p50 {_fmt(float(f.get('p50_us', math.nan)))} µs, p99 "
-            f"{_fmt(float(f.get('p99_us', math.nan)))} µs ({f.get('samples', 0)} appends)"
+            f"{f.get('size', '?')}-byte writes into a zero-filled file (as the journal's segments) p50 "
+            f"{_fmt(float(f.get('p50_us', math.nan)))} µs, p99 {_fmt(float(f.get('p99_us', math.nan)))} µs "
+            f"({f.get('samples', 0)} writes)"
+            + (f"; appending to a file that grows: p50 {_fmt(float(f['append_p50_us']))} µs, p99 "
+               f"{_fmt(float(f['append_p99_us']))} µs" if "append_p50_us" in f else "")
             + "".join(f"; {w} writers at once: p50 {_fmt(float(v))} µs"
                       for w, v in (f.get("concurrent_p50_us") or {}).items())
             + (f"; ERROR {f['error']}" if f.get("error") else ""))

@@ -353,6 +353,9 @@ _EVENTS: tuple[Event, ...] = (
           "flight) took long: the disk is slow or busy (another process's bulk writes). The loop waited meanwhile "
           "(no heartbeats), so such syncs go to the syncer thread for `off_seconds` (doubling while it recurs)",
           (U("seconds", "the sync took"), U("off_seconds", "inline syncs stay off this long"))),
+    Event("journal.prepare.skipped", _WARN, _S, "the next journal segment could not be zero-filled in advance "
+          "(the disk lacks room for two spare segments, or a write failed): the journal goes on in a segment that "
+          "grows, whose fdatasyncs cost more; once per reason until one is prepared again", (U("description"),)),
     Event("journal.segment.dropped", _INFO, _S, "a journal segment without live messages was deleted",
           (U("segment"),)),
     Event("journal.segment.compacted", _INFO, _S, "the few live messages of an old segment were written again "

@@ -592,7 +592,7 @@ def whole_cluster_restart(
 # two segments say everything needed here. Only the record kinds below are read; the rest are skipped.
 
 JOURNAL_MAGIC = b"UJNL"
-JOURNAL_FORMAT = 2
+JOURNAL_FORMAT = 3  # 3: MARK records (skipped) and zero-filled segments (their zeros end a scan)
 _JHEADER = struct.Struct(">4sHI")
 _JFRAME = struct.Struct(">II")
 _JQPOS = struct.Struct(">IQ")  # the head of an ENQUEUE payload: queue, position

@@ -23,6 +23,10 @@ Kinds (integers big-endian; names and arguments as UTF-8 JSON, wiring is rare):
                                                                                   window (reset 1: the whole window)
     UNIT      length:u32                                                          the next `length` bytes of records
                                                                                   stand or fall together (format 2)
+    MARK      magic[8] at:u64 durable:u64                                         ends every commit (format 3): its
+                                                                                  own offset, and how many bytes of
+                                                                                  the segment were on disk when it
+                                                                                  was written
 
 A UNIT record opens a pass's write that holds a committed transaction (the rest of that write: the commit's
 enqueues and dequeues, and whatever else the pass journaled). Recovery keeps all of it or, when a crash cut the write
@@ -33,8 +37,14 @@ A queue is named by a number (`queue:u32`) given in its QUEUE record, so message
 QUEUE record is the queue's next position when it was written (positions are never reused, even after every message
 was consumed and the segments holding them were dropped).
 
-`scan` reads records from a buffer and tells a clean end from a torn tail (the last record incomplete or its CRC
-wrong: a write that a crash cut short) and from damage in the middle.
+`scan` reads records from a buffer and tells a clean end from a torn tail (a write that a crash cut short) and from
+damage. In format 2 a segment only grew, so a torn tail was a bad record reaching the end of the file. From format
+3 a segment may be written into a file zero-filled in advance (broker.store.journal.Preparer): the clean end is
+where zeros start, and a crash in the middle of a commit can leave any of its pages written and others still zero
+(the page cache writes back in any order), so good data may follow a torn commit. What tells them apart is the MARK
+record ending each commit: a bad record is damage only if an intact MARK after it says that the bytes where it lies
+were already on disk (fdatasynced) when that later commit was written; otherwise it lies in what the last sync had
+not covered, which a crash may tear, and it is cut with everything after it.
 """
 
 from __future__ import annotations
@@ -48,13 +58,14 @@ from typing import Any, NamedTuple
 from broker.errors import BrokerError
 
 MAGIC = b"UJNL"
-FORMAT = 2  # 2: UNIT records (a release reading format 1 refuses a format-2 journal rather than misreading one)
+FORMAT = 3  # 2: UNIT records; 3: MARK records, zero-filled segments (an older release refuses a newer journal)
 HEADER = struct.Struct(">4sHI")
 FRAME = struct.Struct(">II")  # length (of kind + payload), crc32
 
-ENQUEUE, DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE, DEDUP, UNIT = range(1, 12)
+ENQUEUE, DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE, DEDUP, UNIT, MARK = range(1, 13)
 KINDS = {ENQUEUE: "enqueue", DEQUEUE: "dequeue", QUEUE: "queue", UNQUEUE: "unqueue", EXCHANGE: "exchange",
-         UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state", DEDUP: "dedup", UNIT: "unit"}
+         UNEXCHANGE: "unexchange", BIND: "bind", UNBIND: "unbind", STATE: "state", DEDUP: "dedup", UNIT: "unit",
+         MARK: "mark"}
 
 _ENQ = struct.Struct(">IQBBId")  # queue, position, level, flags, count, expires (0 = none)
 ENQ_HEAD = _ENQ.size  # bytes of an ENQUEUE payload before the message
@@ -66,6 +77,10 @@ _DEDUP = struct.Struct(">IB")
 _ID = struct.Struct(">dH")
 _UNIT = struct.Struct(">I")
 UNIT_SIZE = FRAME.size + 1 + _UNIT.size  # bytes of a UNIT record
+MARK_MAGIC = b"\x8eUJmark\x1d"  # found by search after a bad record (a message body would also need the CRC)
+_MARK = struct.Struct(">8sQQ")
+MARK_SIZE = FRAME.size + 1 + _MARK.size
+_ZEROS_STEP = 1 << 16
 _crc = zlib.crc32
 MAX_RECORD = 1 << 30
 
@@ -122,6 +137,12 @@ def dedup(qid: int, items: list[tuple[bytes, float]], reset: bool) -> bytes:
         parts.append(_ID.pack(t, len(k)))
         parts.append(k)
     return frame(DEDUP, b"".join(parts))
+
+
+def mark(at: int, durable: int) -> bytes:
+    """The MARK record ending a commit: its own offset `at` in the segment, and `durable`: the segment's bytes known
+    to be on disk when the commit was written (0 if none of this segment was yet)."""
+    return frame(MARK, _MARK.pack(MARK_MAGIC, at, durable))
 
 
 def unit(length: int) -> bytes:
@@ -183,17 +204,24 @@ class Record(NamedTuple):  # a tuple: a million of them are made at recovery
 
 @dataclass(frozen=True)
 class ScanEnd:
-    """How a scan ended: `good` = bytes of whole records from the start; `torn` = what follows is an incomplete
-    or damaged last record; `damaged` = a bad record followed by more data (not a crash's cut: real damage)."""
+    """How a scan ended: `good` = bytes of whole records from the start; `torn` = what follows is what a crash in
+    the middle of a write leaves (cut at `good`); `damaged` = a bad record that is not that (real damage); `tail` =
+    bytes from `good` to the end of the data that is not zero (what a cut removes)."""
 
     good: int
     torn: bool
     damaged: bool
     reason: str = ""
+    tail: int = 0
 
 
-def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], ScanEnd]:
-    """The records in `data` from `start`, and how the scan ended."""
+def segment_format(data: bytes | memoryview) -> int:
+    """The format number in a segment's header (check_header first)."""
+    return int(HEADER.unpack_from(data)[1])
+
+
+def scan(data: bytes | memoryview, start: int = 0, fmt: int = FORMAT) -> tuple[list[Record], ScanEnd]:
+    """The records in `data` from `start`, and how the scan ended (`fmt`: the segment's format)."""
     view = memoryview(data)
     n = len(view)
     off = start
@@ -203,25 +231,26 @@ def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], ScanEn
     unpack, crc32, kinds, append, new = FRAME.unpack_from, _crc, KINDS, out.append, tuple.__new__
     while off < n:
         if off + fsize > n:
-            return out, ScanEnd(off, True, False, f"{n - off} bytes of an incomplete record header")
+            return out, _bad(view, off, n, f"{n - off} bytes of an incomplete record header", fmt)
         length, crc = unpack(view, off)
         body_at = off + fsize
         end = body_at + length
         if length == 0 or length > MAX_RECORD:
-            return out, _bad(off, n, end, f"record at byte {off} has an impossible length {length}")
+            return out, _bad(view, off, end, f"record at byte {off} has an impossible length {length}", fmt)
         if end > n:
-            return out, ScanEnd(off, True, False, f"record at byte {off} needs {length} bytes, {n - off - fsize} left")
+            return out, _bad(view, off, end, f"record at byte {off} needs {length} bytes, {n - off - fsize} left",
+                             fmt)
         body = view[body_at:end]
         if crc32(body) != crc:
-            return out, _bad(off, n, end, f"record at byte {off} fails its CRC")
+            return out, _bad(view, off, end, f"record at byte {off} fails its CRC", fmt)
         kind = body[0]
         if kind not in kinds:
-            return out, _bad(off, n, end, f"record at byte {off} has an unknown kind {kind}")
+            return out, _bad(view, off, end, f"record at byte {off} has an unknown kind {kind}", fmt)
         if kind == UNIT:  # rare (a pass with a commit): check the whole unit before keeping any of it
             unit_end = end + _UNIT.unpack_from(body, 1)[0]
             problem = _unit_problem(view, end, unit_end)
             if problem:
-                return out, _bad(off, n, unit_end, f"transaction unit at byte {off}: {problem}")
+                return out, _bad(view, off, unit_end, f"transaction unit at byte {off}: {problem}", fmt)
         append(new(Record, (kind, view[body_at + 1:end], off)))
         off = end
     return out, ScanEnd(off, False, False)
@@ -245,11 +274,50 @@ def _unit_problem(view: memoryview, off: int, end: int) -> str:
     return ""
 
 
-def _bad(off: int, n: int, end: int, reason: str) -> ScanEnd:
-    # A damaged record at the very end is what a crash in the middle of a write leaves: a torn tail. Anything after
-    # it means the damage is not at the end.
-    torn = end >= n
-    return ScanEnd(off, torn, not torn, reason)
+def _bad(view: memoryview, off: int, end: int, reason: str, fmt: int) -> ScanEnd:
+    """A scan met a bad or incomplete record at `off` (which would end at `end`)."""
+    n = len(view)
+    if fmt < 3:
+        # A segment that only grows: a damaged record at the very end is what a crash in the middle of a write
+        # leaves, a torn tail. Anything after it means the damage is not at the end.
+        torn = end >= n
+        return ScanEnd(off, torn, not torn, reason, n - off)
+    stop = nonzero_end(view, off)
+    if stop == off:  # zeros from here on: the rest of a segment zero-filled in advance, not yet written
+        return ScanEnd(off, False, False, "", 0)
+    if _on_disk_before(view, off, stop):
+        return ScanEnd(off, False, True, f"{reason} (a later commit says it was already on disk)", stop - off)
+    return ScanEnd(off, True, False, reason, stop - off)
+
+
+def nonzero_end(view: memoryview, off: int) -> int:
+    """The end of the last byte after `off` that is not zero (`off` if there is none)."""
+    end = len(view)
+    while end > off:
+        lo = max(off, end - _ZEROS_STEP)
+        kept = len(bytes(view[lo:end]).rstrip(b"\0"))
+        if kept:
+            return lo + kept
+        end = lo
+    return off
+
+
+def _on_disk_before(view: memoryview, off: int, stop: int) -> bool:
+    """Is there an intact MARK between `off` and `stop` written when the bytes at `off` were already on disk?"""
+    data = bytes(view[off:stop])  # only after a crash or damage: a copy is fine
+    body_size = MARK_SIZE - FRAME.size
+    i = data.find(MARK_MAGIC)
+    while i >= 0:
+        at = off + i - FRAME.size - 1
+        if at >= off and at + MARK_SIZE <= stop:
+            length, crc = FRAME.unpack_from(view, at)
+            body = view[at + FRAME.size : at + MARK_SIZE]
+            if length == body_size and body[0] == MARK and _crc(body) == crc:
+                _, where, durable = _MARK.unpack_from(body, 1)
+                if where == at and durable > off:
+                    return True
+        i = data.find(MARK_MAGIC, i + 1)
+    return False
 
 
 def read_enqueue(buf: bytes | memoryview, off: int, what: str) -> tuple[int, int, int, int, int, float | None, bytes]:

@@ -234,7 +234,7 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
             report.cut, report.cut_reason, last_size = len(data), "segment header incomplete", 0
             break
         R.check_header(data, path.name)
-        recs, end = R.scan(data, R.HEADER.size)
+        recs, end = R.scan(data, R.HEADER.size, R.segment_format(data))
         if end.damaged or (end.torn and i < len(numbers) - 1):
             raise R.JournalError(
                 f"journal damaged in {path.name} at byte {end.good}: {end.reason}. Nothing was changed; to start "
@@ -245,7 +245,7 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
         if i == len(numbers) - 1:
             last_size = end.good
             if end.torn:
-                report.cut, report.cut_reason = len(data) - end.good, end.reason
+                report.cut, report.cut_reason = end.tail, end.reason
     report.state = image.state
     return image, report, numbers, last_size
 
@@ -340,8 +340,8 @@ class Store(Extension):
         report.exchanges = len(image.exchanges)
         self.state = dict(image.state)
         self.segments = numbers
-        if numbers and report.cut:
-            self.journal.reopen(numbers[-1], last_size)  # cut the torn tail
+        if numbers and (report.cut or (self.directory / segment_name(numbers[-1])).stat().st_size > last_size):
+            self.journal.reopen(numbers[-1], last_size)  # cut the torn tail, or the zeros it was not written into
             self.journal.close()
             self.journal = Journal(self.directory, self.segment_bytes)
         report.seconds = round(time.monotonic() - t0, 3)
@@ -622,7 +622,7 @@ class Store(Extension):
         return True
 
     def _synced(self, ticket: int) -> None:
-        self.journal.synced = max(self.journal.synced, ticket)
+        self.journal.mark_synced(ticket)
         tickets = self.tickets
         while tickets and tickets[0][0] <= ticket:
             _, completions, after = tickets.popleft()
@@ -851,5 +851,7 @@ class Store(Extension):
         return {"journal": {"directory": str(self.directory), "segments": len(self.segments),
                             "segment": self.journal.segment, "durable-queues": len(self.queues),
                             "written": self.journal.written, "commits": self.journal.ticket,
+                            "preallocated": self.journal.prealloc,
+                            "prepared": self.journal.preparer.prepared if self.journal.preparer else 0,
                             "failed": self.failed, "paged": sum(q.paged_count for q in self.paging),
                             "paged-out": self.paged_out, "paged-in": self.paged_in}}

@@ -67,6 +67,7 @@ class SegmentReport:
     status: Verdict = Verdict.CLEAN  # CLEAN, TORN (only the last segment), DAMAGED, NEWER, UNREADABLE
     reason: str = ""
     beyond: dict[str, int] = field(default_factory=dict)  # DAMAGED: whole records readable after the bad one
+    tail: int | None = None  # bytes after `good` up to the last one that is not zero (None: to the end of the file)
 
     @property
     def records(self) -> int:
@@ -74,8 +75,9 @@ class SegmentReport:
 
     @property
     def bad_bytes(self) -> int:
-        """Bytes after the last good record."""
-        return self.size - self.good
+        """Bytes after the last good record (not counting zeros after the last that is not: a segment zero-filled
+        in advance holds those anyway)."""
+        return self.size - self.good if self.tail is None else self.tail
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def examine(number: int, data: bytes | memoryview, last: bool) -> SegmentReport:
     except R.JournalError as e:
         status = Verdict.NEWER if magic == R.MAGIC and fmt > R.FORMAT else Verdict.DAMAGED
         return SegmentReport(number, name, size, 0, status=status, reason=e.description.split(": ", 1)[-1])
-    recs, end = R.scan(data, R.HEADER.size)
+    recs, end = R.scan(data, R.HEADER.size, fmt)
     kinds: dict[str, int] = {}
     message_bytes = 0
     for rec in recs:
@@ -148,7 +150,7 @@ def examine(number: int, data: bytes | memoryview, last: bool) -> SegmentReport:
         beyond = _beyond(data, end.good)
     else:
         status, reason = (Verdict.TORN, end.reason) if end.torn else (Verdict.CLEAN, "")
-    return SegmentReport(number, name, size, end.good, kinds, message_bytes, status, reason, beyond)
+    return SegmentReport(number, name, size, end.good, kinds, message_bytes, status, reason, beyond, end.tail)
 
 
 def _beyond(data: bytes | memoryview, bad: int) -> dict[str, int]:

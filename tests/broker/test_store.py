@@ -13,7 +13,7 @@ from proton.utils import BlockingConnection, SendException
 
 from broker.store import records as R
 from tests.support.amqp import drain, mgmt, receive, send
-from tests.support.bulk import fill
+from tests.support.bulk import fill, number_of
 from tests.support.procs import BrokerFactory, BrokerProcess, wait_for
 
 
@@ -94,9 +94,62 @@ def test_a_torn_tail_is_cut_and_reported(brokers: BrokerFactory) -> None:
         f.write(record[: len(record) // 2])  # a crash in the middle of a write
     b.start()
     torn = [e for e in b.events(since_start=True) if e["event"] == "journal.torn_tail"]
-    assert torn and torn[0]["bytes"] == len(record) // 2
+    assert torn and torn[0]["bytes"] == len(record[: len(record) // 2].rstrip(b"\0"))  # zeros at the end are not
+    #                                                                          told from a zero-filled segment's rest
     assert drain(b.url, "t") == list(range(10))
     assert last.stat().st_size == good or not last.exists()  # cut back (or dropped: nothing live on it)
+
+
+def test_segments_are_zero_filled_in_advance_and_a_torn_commit_in_one_is_cut(brokers: BrokerFactory) -> None:
+    seg = 256 * 1024
+    b = brokers("--journal-segment-bytes", str(seg))
+    durable_queue(b, "z")
+    fill(b.url, "z", 600, start=0, durable=True, pad=300)  # past half a segment: the next one is prepared
+    wait_for(lambda: stats(b)["prepared"] >= 1, 10, what="a segment zero-filled in advance")
+    fill(b.url, "z", 600, start=600, durable=True, pad=300)  # the growing segment gives way to the prepared one
+    assert stats(b)["preallocated"]
+    b.kill()
+    last = segments(b)[-1]
+    data = last.read_bytes()
+    end = R.nonzero_end(memoryview(data), R.HEADER.size)
+    assert len(data) == seg and end < seg  # written into, with zeros after the data
+    # A crash while two commits were in flight, the second one's page on disk and the first one's not:
+    r3, r4 = (R.enqueue(1, p, 0, 2, 0, None, b"lost") for p in (5000, 5001))
+    c3 = r3 + R.mark(end + len(r3), end)  # both written after the last sync, which covered `end` bytes
+    c4 = r4 + R.mark(end + len(c3) + len(r4), end)
+    torn = bytes(20) + c3[20:] + c4
+    with last.open("r+b") as f:
+        f.seek(end)
+        f.write(torn)
+    b.start()
+    cut = [e["bytes"] for e in b.events(since_start=True) if e["event"] == "journal.torn_tail"]
+    assert cut == [len(torn)]  # from the torn commit to the end of the intact one after it
+    assert last.stat().st_size == end  # cut there (and the zeros it was not written into)
+    assert [number_of(x) for x in drain(b.url, "z")] == list(range(1200))
+    send(b.url, "z", ["after"], durable=True)
+    restart_after_kill(b)
+    assert drain(b.url, "z") == ["after"]
+
+
+def test_no_segment_is_zero_filled_without_room_for_two(brokers: BrokerFactory, small_disk: Path) -> None:
+    b = brokers("--journal-segment-bytes", str(4 * 1024 * 1024), start=False)
+    b.data_dir = small_disk / "data"
+    b.start()
+    durable_queue(b, "s")
+    fill(b.url, "s", 250, start=0, durable=True, pad=10_000)  # 2.5 MB: more than half a segment
+    wait_for(lambda: any(e["event"] == "journal.prepare.skipped" for e in b.events()), 10,
+             what="the preparer to see the disk is too small")
+    skipped = next(e for e in b.events() if e["event"] == "journal.prepare.skipped")
+    assert "free, fewer than 2 segments" in skipped["description"]
+    assert not (journal_dir(b) / "prepared.tmp").exists() and stats(b)["prepared"] == 0
+    assert stats(b)["failed"] is None  # the spare segment never filled the disk
+    restart_after_kill(b)
+    assert [number_of(x) for x in drain(b.url, "s")] == list(range(250))
+
+
+def stats(b: BrokerProcess) -> dict[str, object]:
+    with mgmt(b.url) as m:
+        return m.call("READ", "broker", "broker").body["journal"]  # type: ignore[no-any-return]
 
 
 def test_damage_in_the_middle_stops_the_broker_with_where_and_what_to_do(brokers: BrokerFactory) -> None:

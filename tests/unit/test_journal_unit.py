@@ -52,7 +52,12 @@ def test_a_bad_record_inside_a_unit_at_the_tail_cuts_the_whole_unit() -> None:
 def test_a_bad_unit_followed_by_more_records_is_damage_not_a_torn_tail() -> None:
     data = bytearray(BEFORE + COMMIT + msg(5))
     data[len(BEFORE) + len(R.unit(0)) + 12] ^= 0xFF
-    _, end = R.scan(bytes(data))
+    _, end = R.scan(bytes(data), fmt=2)  # a segment that only grows: damage before the end is damage
+    assert end.damaged and not end.torn and end.good == len(BEFORE)
+    _, end = R.scan(bytes(data))  # format 3: nothing after it says the unit was on disk: a torn commit
+    assert end.torn and not end.damaged and end.good == len(BEFORE)
+    proof = R.mark(len(data), len(BEFORE) + len(COMMIT))  # a later commit, written once the unit was on disk
+    _, end = R.scan(bytes(data) + proof)
     assert end.damaged and not end.torn and end.good == len(BEFORE)
 
 
@@ -74,7 +79,8 @@ def test_the_journal_writes_a_unit_over_the_rest_of_the_pass(tmp_path: Path) -> 
     j.close()
     data = (tmp_path / segment_name(1)).read_bytes()
     recs, _ = R.scan(data, R.HEADER.size)
-    assert [R.KINDS[r.kind] for r in recs] == ["queue", "enqueue", "unit", "enqueue", "enqueue", "enqueue"]
+    assert [R.KINDS[r.kind] for r in recs] == ["queue", "enqueue", "unit", "enqueue", "enqueue", "mark", "enqueue",
+                                               "mark"]
     assert recs[3].offset == offset  # the reserved UNIT bytes kept the offsets right (paged reads use them)
     assert R.read_enqueue(data, offset, "test")[6] == b"txn"
 
@@ -84,7 +90,9 @@ def test_recovery_and_the_agent_keep_none_of_a_torn_commit(tmp_path: Path) -> No
     journal.mkdir()
     (journal / segment_name(1)).write_bytes(R.header(1) + BEFORE + COMMIT[:-4])
     image, report, _, size = read_journal(journal)
-    assert sorted(image.messages[1]) == [1, 2] and report.cut == len(COMMIT) - 4
+    # the bytes cut are those of the torn write up to its last one that is not zero (zeros after it are what a
+    # segment zero-filled in advance holds anyway)
+    assert sorted(image.messages[1]) == [1, 2] and report.cut == len(COMMIT[:-4].rstrip(b"\0"))
     assert size == R.HEADER.size + len(BEFORE)
     assert core.read_standing(str(tmp_path), "b1").position == 2  # the agent scores what the broker recovers
     (journal / segment_name(1)).write_bytes(R.header(1) + BEFORE + COMMIT)

@@ -17,7 +17,9 @@ from broker.store.store import read_journal
 
 
 def segment(n: int, *records: bytes) -> bytes:
-    return R.header(n) + b"".join(records)
+    """A format-2 segment (one that only grows: a bad record before its end is damage). Format 3's rules (MARK
+    records, zero-filled segments) have their tests in tests/unit/test_journal_prepared.py."""
+    return R.HEADER.pack(R.MAGIC, 2, n) + b"".join(records)
 
 
 def msg(pos: int, body: bytes = b"payload", qid: int = 1) -> bytes:

@@ -1,0 +1,147 @@
+"""Format 3: segments zero-filled in advance, and a MARK ending every commit. A torn commit may leave later pages
+written and earlier ones zero; recovery cuts it (and everything after it) unless a later intact MARK says its bytes
+were already on disk when that later commit was written, which makes it damage. Zeros after the last record are the
+clean end of a segment."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.store import records as R
+from broker.store.journal import PREPARED, Journal, segment_name
+from broker.store.store import read_journal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
+import agent_core as core
+
+QUEUE = R.queue(1, "q", "u1", {"durable": True}, 1)
+
+
+def msg(pos: int) -> bytes:
+    return R.enqueue(1, pos, 2, 2, 0, None, b"body-%d" % pos)
+
+
+class Segment:
+    """Commits laid out as the journal writes them: records, then a MARK with the bytes known to be on disk."""
+
+    def __init__(self) -> None:
+        self.data = bytearray(R.header(1))
+        self.starts: list[int] = []
+
+    def commit(self, durable: int, *records: bytes) -> int:
+        self.starts.append(len(self.data))
+        body = b"".join(records)
+        self.data += body + R.mark(len(self.data) + len(body), durable)
+        return len(self.data)
+
+
+def four_commits() -> tuple[Segment, list[int]]:
+    """c1, c2 each synced before the next was written; c3 and c4 written in one sync window (neither on disk)."""
+    s = Segment()
+    e1 = s.commit(0, QUEUE, msg(1), msg(2))
+    e2 = s.commit(e1, msg(3), msg(4))
+    e3 = s.commit(e2, msg(5), msg(6))
+    e4 = s.commit(e2, msg(7), R.dequeue(1, 1, 1))
+    return s, [e1, e2, e3, e4]
+
+
+def recover(tmp_path: Path, data: bytes) -> tuple[list[int], int]:
+    d = tmp_path / "journal"
+    d.mkdir(exist_ok=True)
+    (d / segment_name(1)).write_bytes(data)
+    image, report, _, size = read_journal(d)
+    return sorted(image.messages.get(1, {})), report.cut if size else -1
+
+
+def test_zeros_after_the_last_commit_are_the_clean_end_of_a_segment(tmp_path: Path) -> None:
+    s, ends = four_commits()
+    data = bytes(s.data) + bytes(200_000)
+    recs, end = R.scan(data, R.HEADER.size)
+    assert (end.good, end.torn, end.damaged, end.tail) == (ends[-1], False, False, 0)
+    assert [R.KINDS[r.kind] for r in recs].count("mark") == 4
+    assert recover(tmp_path, data) == ([2, 3, 4, 5, 6, 7], 0)
+    assert core.read_standing(str(tmp_path), "b1").position == 7  # the agent reads zeros as the end too
+
+
+def test_a_commit_torn_with_later_pages_written_is_cut_with_everything_after_it(tmp_path: Path) -> None:
+    s, ends = four_commits()
+    data = bytearray(s.data) + bytes(100_000)
+    c3 = s.starts[2]
+    data[c3 : c3 + 20] = bytes(20)  # c3's first page never reached the disk; c4 (a later page) did
+    _, end = R.scan(bytes(data), R.HEADER.size)
+    assert (end.good, end.torn, end.damaged, end.tail) == (ends[1], True, False, ends[3] - c3)
+    messages, cut = recover(tmp_path, bytes(data))
+    assert messages == [1, 2, 3, 4] and cut == ends[3] - c3  # c4 is intact but after the tear: cut too
+    assert core.read_standing(str(tmp_path), "b1").position == 4
+
+
+def test_damage_a_later_commit_saw_on_disk_is_damage_not_a_tear(tmp_path: Path) -> None:
+    s, _ = four_commits()
+    data = bytearray(s.data) + bytes(100_000)
+    data[s.starts[1] + 12] ^= 0xFF  # inside c2, which was on disk when c3 and c4 were written (their MARKs say so)
+    _, end = R.scan(bytes(data), R.HEADER.size)
+    assert end.damaged and not end.torn and end.good == s.starts[1]
+    assert "a later commit says it was already on disk" in end.reason
+    with pytest.raises(R.JournalError, match=r"journal damaged in 00000001\.jnl"):
+        recover(tmp_path, bytes(data))
+
+
+def test_damage_in_the_last_commits_no_sync_covered_reads_as_a_tear() -> None:
+    s, ends = four_commits()
+    data = bytearray(s.data)
+    data[s.starts[2] + 12] ^= 0xFF  # c3: no later MARK says it was on disk (c4 was written before c3's sync)
+    _, end = R.scan(bytes(data), R.HEADER.size)
+    assert end.torn and end.good == ends[1]
+
+
+def test_a_mark_inside_a_message_body_proves_nothing() -> None:
+    s, ends = four_commits()
+    forged = R.enqueue(1, 8, 2, 2, 0, None, R.mark(0, 1 << 40))  # a client's body holding a MARK's bytes
+    s.commit(ends[1], forged)
+    data = bytearray(s.data)
+    data[s.starts[2] + 12] ^= 0xFF
+    _, end = R.scan(bytes(data), R.HEADER.size)
+    assert end.torn and not end.damaged  # its offset does not match where it lies: not a commit's MARK
+
+
+def wait_until(cond: object, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_journal_rolls_over_to_a_prepared_segment_and_marks_what_was_on_disk(tmp_path: Path) -> None:
+    synced: list[int] = []
+    j = Journal(tmp_path, segment_size=64 * 1024)
+    j.start(synced.append, lambda t, e: None)
+    j.open_segment(1)
+    assert not j.prealloc and not j.full()
+    j.append(QUEUE)
+    pos = 0
+    while j.size < 40 * 1024:  # past half a segment: the preparer is asked for the next one
+        for _ in range(50):
+            pos += 1
+            j.append(msg(pos))
+        j.mark_synced(j.commit() or 0)  # as if each commit was synced before the next
+    wait_until(lambda: j.full())  # a segment that grows gives way as soon as a prepared one is ready
+    assert (tmp_path / PREPARED).stat().st_size == 64 * 1024
+    j.open_segment(2)
+    assert j.prealloc and not (tmp_path / PREPARED).exists()
+    assert (tmp_path / segment_name(2)).stat().st_size == 64 * 1024  # written into, not grown
+    for i in range(1, 4):
+        j.append(msg(pos + i))
+        j.commit()  # small, nothing in flight: synced on the spot (no deferring without an event loop)
+    j.close()
+    data = (tmp_path / segment_name(2)).read_bytes()
+    recs, end = R.scan(data, R.HEADER.size)
+    assert not end.torn and not end.damaged and len(data) == 64 * 1024
+    marks = [(r.offset, *R._MARK.unpack_from(r.payload)[1:]) for r in recs if r.kind == R.MARK]
+    assert all(offset == at for offset, at, _ in marks)  # each says where it lies
+    assert [durable for _, _, durable in marks] == [0] + [at + R.MARK_SIZE for _, at, _ in marks[:-1]]
+    image, report, numbers, _ = read_journal(tmp_path)
+    assert numbers == [1, 2] and report.cut == 0 and sorted(image.messages[1]) == list(range(1, pos + 4))
