@@ -43,6 +43,7 @@ PREPARE_AFTER = 4 * 1024 * 1024  # a segment that grows asks for a prepared one 
 #                                  writing little never zero-fills a whole segment: tests, idle brokers)
 PREPARE_ROOM = 2  # a segment is prepared only while the disk has room for this many segments besides
 PREPARE_CHUNK = 1 << 20
+PREPARE_PAUSE = 0.002  # seconds between chunks
 
 
 class JournalFull(BrokerError):
@@ -175,7 +176,8 @@ class Preparer(threading.Thread):
                 if self._stopping:
                     return
                 done += os.write(fd, zeros[: min(PREPARE_CHUNK, self.size - done)])
-            os.fdatasync(fd)
+                os.fdatasync(fd)  # a chunk at a time: the journal's own flushes never queue behind the whole file
+                time.sleep(PREPARE_PAUSE)
         finally:
             os.close(fd)
         self.prepared += 1
