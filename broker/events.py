@@ -335,9 +335,10 @@ _EVENTS: tuple[Event, ...] = (
     Event("journal.recovered", _INFO, _S, "the journal under `--data-dir` was read at start; the broker listens "
           "next", (U("segments"), U("queues"), U("messages"), U("bytes", "of the recovered message bodies"),
                    U("exchanges"), U("bindings"), U("seconds", "recovery took"))),
-    Event("journal.torn_tail", _WARN, _S, "the last segment ended in a partial record (a crash mid-write): cut off "
-          "at start; only unconfirmed messages can be in it",
-          (U("bytes", "cut off the last segment"), U("description", "what was incomplete"))),
+    Event("journal.torn_tail", _WARN, _S, "the last segment ends in a write a crash cut short (a partial or bad "
+          "record that no later commit saw on disk): cut off at start with everything after it; only unconfirmed "
+          "messages can be in it", (U("bytes", "cut off the last segment (up to its last byte that is not zero)"),
+                                    U("description", "what was incomplete"))),
     Event("journal.refused", _ERR, _S, "the journal is damaged (not a torn tail) or of a newer format: the broker "
           "does not start (exit code 2); `description` says where and how to cut it",
           (U("description"),)),
