@@ -658,8 +658,8 @@ def _read_epoch(path: str) -> int:
 def _replay_segment(
     data: bytes, path: str, queues: dict[int, tuple[dict[str, object], int]], state: dict[str, object]
 ) -> dict[str, object]:
-    if len(data) < _JHEADER.size:
-        return state  # a segment whose header a crash cut short: the broker starts it again
+    if len(data) < _JHEADER.size or not any(data[: _JHEADER.size]):
+        return state  # a segment whose header a crash cut short or never synced: the broker drops it
     magic, fmt, _ = _JHEADER.unpack_from(data)
     if magic != JOURNAL_MAGIC:
         raise JournalUnreadable(f"{path}: not a journal segment")

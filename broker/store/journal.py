@@ -210,7 +210,8 @@ class Journal:
         self.preparer: Preparer | None = None
         self.prealloc = False  # the current segment was zero-filled in advance
         self.prepare_at = 0  # size of the current segment at which the next one is asked for
-        self.to_sync: list[int] = []  # fds of closed segments not yet synced (rolled over)
+        self.retired: list[tuple[int, int]] = []  # (fd, last ticket that may name it) of earlier segments: closed
+        #                                             once that ticket is synced (the syncer may still be using them)
         self.written = 0  # bytes written since start (stats)
         self.defer_inline = False  # an inline sync waits for `sync_deferred` (the loop's writes go out first)
         self.deferred: tuple[int, list[int]] | None = None  # (ticket, fds) of an inline sync not yet made
@@ -221,7 +222,14 @@ class Journal:
 
     # ----- files ---------------------------------------------------------------------------------------------------
     def open_segment(self, number: int) -> None:
-        """Start writing segment `number` (the prepared file if one is ready, else a new file that grows)."""
+        """Start writing segment `number` (the prepared file if one is ready, else a new file that grows). The
+        current segment is synced first, on the calling thread: a later segment exists on disk only once every
+        earlier one is whole there, so a crash can tear only the last one."""
+        if self.fd >= 0:
+            try:
+                os.fdatasync(self.fd)
+            except OSError as e:
+                raise _io_error("fdatasync", e) from None
         path = self.directory / segment_name(number)
         prepared = self.preparer is not None and self.preparer.take(path)
         flags = os.O_WRONLY | os.O_CLOEXEC | (0 if prepared else os.O_CREAT | os.O_TRUNC)
@@ -234,7 +242,12 @@ class Journal:
             path.unlink(missing_ok=True)
             raise
         if self.fd >= 0:
-            self.to_sync.append(self.fd)
+            if self.deferred is not None:  # its sync (of the old segment alone) was just made
+                self.deferred = (self.deferred[0], [])
+            if self.synced >= self.ticket:
+                os.close(self.fd)
+            else:
+                self.retired.append((self.fd, self.ticket))
         self.fd, self.segment, self.size = fd, number, len(head)
         self.prealloc = prepared
         self.prepare_at = len(head) + (self.segment_size // 2 if prepared else
@@ -269,9 +282,9 @@ class Journal:
             finally:
                 os.close(self.fd)
             self.fd = -1
-        for fd in self.to_sync:
+        for fd, _ in self.retired:
             os.close(fd)
-        self.to_sync.clear()
+        self.retired.clear()
 
     # ----- appending -----------------------------------------------------------------------------------------------
     def append(self, record: bytes) -> None:
@@ -316,8 +329,7 @@ class Journal:
         if self.size >= self.prepare_at and self.preparer is not None:
             self.prepare_at = 1 << 62
             self.preparer.want()
-        fds = [self.fd, *self.to_sync]
-        self.to_sync = []
+        fds = [self.fd]
         deferred = self.deferred
         quiet = self.synced == self.ticket - 1 or (deferred is not None and deferred[0] == self.ticket - 1)
         if self.syncer is None or (quiet and len(data) <= INLINE_SYNC_BYTES and self._inline_on()):
@@ -375,6 +387,10 @@ class Journal:
         while ends and ends[0][0] <= ticket:
             _, segment, size = ends.popleft()
             self.durable = (segment, size)
+        if self.retired and self.retired[0][1] <= ticket:
+            for fd, _ in [r for r in self.retired if r[1] <= ticket]:
+                os.close(fd)
+            self.retired = [r for r in self.retired if r[1] > ticket]
 
     def _inline_on(self) -> bool:
         return not self.inline_off_until or time.monotonic() >= self.inline_off_until
@@ -414,9 +430,13 @@ def _write_all(fd: int, data: bytes, size_before: int) -> None:
                 os.lseek(fd, size_before, os.SEEK_SET)
             except OSError:
                 log.error("journal.truncate_failed", size=size_before, exc_info=True)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise JournalFull(f"journal: disk full ({e.strerror})") from None
-        raise R.JournalError(f"journal: write failed ({e.strerror or e})") from None
+        raise _io_error("write", e) from None
+
+
+def _io_error(what: str, e: OSError) -> BrokerError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return JournalFull(f"journal: disk full ({e.strerror})")
+    return R.JournalError(f"journal: {what} failed ({e.strerror or e})")
 
 
 def _sync_dir(directory: Path) -> None:

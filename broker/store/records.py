@@ -215,6 +215,17 @@ class ScanEnd:
     tail: int = 0
 
 
+def header_unwritten(data: bytes | memoryview) -> str:
+    """Why the last segment's header may be missing without damage ("" if it is there): shorter than a header (a
+    crash between creating the file and writing it), or all zero (a segment zero-filled in advance whose header a
+    crash caught before its first fdatasync, which covers the header: nothing in such a segment was confirmed)."""
+    if len(data) < HEADER.size:
+        return "segment header incomplete"
+    if not any(bytes(data[: HEADER.size])):
+        return "segment header never written (a zero-filled segment, no sync of it made)"
+    return ""
+
+
 def segment_format(data: bytes | memoryview) -> int:
     """The format number in a segment's header (check_header first)."""
     return int(HEADER.unpack_from(data)[1])

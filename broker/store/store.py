@@ -221,7 +221,8 @@ class Image:
 def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, list[int], int]:
     """Replay every segment of `directory` (keeping about `budget` bytes of messages in memory, 0 = all). Returns
     the image, the report, the segment numbers and the valid size of the last one (a torn tail beyond it is
-    reported, not cut: the caller cuts when it writes again). Raises JournalError for damage that is not a torn
+    reported, not cut: the caller cuts when it writes again; 0: its header never reached the disk, the caller
+    drops it). Raises JournalError for damage that is not a torn
     tail, or a newer format."""
     image = Image(budget)
     report = Recovered()
@@ -230,8 +231,9 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
     for i, n in enumerate(numbers):
         path = directory / segment_name(n)
         data = path.read_bytes()
-        if len(data) < R.HEADER.size and i == len(numbers) - 1:
-            report.cut, report.cut_reason, last_size = len(data), "segment header incomplete", 0
+        unwritten = R.header_unwritten(data) if i == len(numbers) - 1 else ""
+        if unwritten:
+            report.cut, report.cut_reason, last_size = R.nonzero_end(memoryview(data), 0), unwritten, 0
             break
         R.check_header(data, path.name)
         recs, end = R.scan(data, R.HEADER.size, R.segment_format(data))
@@ -339,11 +341,13 @@ class Store(Extension):
                 report.bindings += 1
         report.exchanges = len(image.exchanges)
         self.state = dict(image.state)
-        self.segments = numbers
-        if numbers and (report.cut or (self.directory / segment_name(numbers[-1])).stat().st_size > last_size):
+        if numbers and last_size == 0:  # the last segment's header never reached the disk: nothing in it counts
+            (self.directory / segment_name(numbers.pop())).unlink()
+        elif numbers and (report.cut or (self.directory / segment_name(numbers[-1])).stat().st_size > last_size):
             self.journal.reopen(numbers[-1], last_size)  # cut the torn tail, or the zeros it was not written into
             self.journal.close()
             self.journal = Journal(self.directory, self.segment_bytes)
+        self.segments = numbers
         report.seconds = round(time.monotonic() - t0, 3)
         self.recovered = report
         return report

@@ -123,10 +123,12 @@ def examine(number: int, data: bytes | memoryview, last: bool) -> SegmentReport:
     """One segment's bytes, judged as `read_journal` judges them (`last`: it is the newest segment)."""
     name = segment_name(number)
     size = len(data)
+    unwritten = R.header_unwritten(data)
+    if unwritten and last:  # a crash between creating the file (or taking a prepared one) and syncing its header
+        tail = R.nonzero_end(memoryview(data), 0)
+        return SegmentReport(number, name, size, 0, status=Verdict.TORN if tail else Verdict.CLEAN,
+                             reason=unwritten, tail=tail)
     if size < R.HEADER.size:
-        if last:  # a crash between creating the file and writing its header
-            status = Verdict.TORN if size else Verdict.CLEAN
-            return SegmentReport(number, name, size, 0, status=status, reason="segment header incomplete")
         return SegmentReport(number, name, size, 0, status=Verdict.DAMAGED,
                              reason="too short for a journal segment header")
     magic, fmt, _ = R.HEADER.unpack_from(data)

@@ -39,9 +39,11 @@ def connect(urls: list[str], deadline: float) -> BlockingConnection:
 
 
 def send(urls: list[str], queue: str, count: int, out: str, pause: float, first: int = 1,
-         patience: float = 120.0, id_prefix: str | None = None, timeout: float = 10.0) -> int:
+         patience: float = 120.0, id_prefix: str | None = None, timeout: float = 10.0, pad: int = 0) -> int:
     """Gives up when no message could be confirmed for `patience` seconds. With `id_prefix` each message carries
-    the message-id PREFIX+number (a resend has the same id); `timeout`: seconds to wait for one settlement."""
+    the message-id PREFIX+number (a resend has the same id); `timeout`: seconds to wait for one settlement; `pad`:
+    bytes of an application property "pad" on each message (the body stays the number)."""
+    props = {"pad": "p" * pad} if pad > 0 else None
     n, end = first, first + count  # the next number to send (resent until confirmed), one past the last
     deadline = time.monotonic() + patience
     with open(out, "a", buffering=1) as f:
@@ -52,7 +54,7 @@ def send(urls: list[str], queue: str, count: int, out: str, pause: float, first:
                 s = c.create_sender(queue)
                 while n < end:
                     mid = None if id_prefix is None else f"{id_prefix}{n}"
-                    s.send(Message(body=n, durable=True, id=mid), timeout=timeout)
+                    s.send(Message(body=n, durable=True, id=mid, properties=props), timeout=timeout)
                     f.write(f"{n}\n")
                     n += 1
                     deadline = time.monotonic() + patience
@@ -173,10 +175,11 @@ def main() -> int:
     ap.add_argument("--id-prefix", help="sender: message-id PREFIX+number on each message")
     ap.add_argument("--timeout", type=float, default=10.0, help="sender: seconds to wait for one settlement")
     ap.add_argument("--patience", type=float, default=120.0, help="seconds without progress before giving up")
+    ap.add_argument("--pad", type=int, default=0, help="sender: bytes of padding (an application property) a message")
     a = ap.parse_args()
     urls = a.urls.split(",")
     if a.mode == "send":
-        return send(urls, a.queue, a.count, a.out, a.pause, a.first, a.patience, a.id_prefix, a.timeout)
+        return send(urls, a.queue, a.count, a.out, a.pause, a.first, a.patience, a.id_prefix, a.timeout, a.pad)
     return receive(urls, a.queue, a.out, a.idle, a.until, a.patience, a.redelivered_out, a.times_out,
                    a.history_out)
 

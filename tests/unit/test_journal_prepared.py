@@ -5,6 +5,7 @@ clean end of a segment."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from broker.store import records as R
-from broker.store.journal import PREPARED, Journal, segment_name
+from broker.store import tools as T
+from broker.store.journal import PREPARED, Journal, Syncer, segment_name
 from broker.store.store import read_journal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
@@ -106,6 +108,46 @@ def test_a_mark_inside_a_message_body_proves_nothing() -> None:
     data[s.starts[2] + 12] ^= 0xFF
     _, end = R.scan(bytes(data), R.HEADER.size)
     assert end.torn and not end.damaged  # its offset does not match where it lies: not a commit's MARK
+
+
+def test_a_zero_filled_last_segment_whose_header_never_reached_the_disk_is_dropped_not_refused(tmp_path: Path) -> None:
+    s, ends = four_commits()
+    d = tmp_path / "journal"
+    d.mkdir()
+    (d / segment_name(1)).write_bytes(bytes(s.data[: ends[1]]))
+    orphan = bytearray(64 * 1024)  # taken from the preparer, header and first commit written, crash before any sync:
+    orphan[5000:5100] = b"x" * 100  # only a later page reached the disk
+    (d / segment_name(2)).write_bytes(bytes(orphan))
+    image, report, numbers, size = read_journal(d)
+    assert numbers == [1, 2] and size == 0 and report.cut == 5100 and "never written" in report.cut_reason
+    assert sorted(image.messages[1]) == [1, 2, 3, 4]
+    assert core.read_standing(str(tmp_path), "b1").position == 4
+    seg = T.examine(2, bytes(orphan), last=True)
+    assert seg.status is T.Verdict.TORN and seg.bad_bytes == 5100
+    assert T.examine(2, bytes(orphan), last=False).status is T.Verdict.DAMAGED  # not the last: damage
+
+
+def test_a_rolled_over_segment_is_closed_once_what_named_it_is_synced(tmp_path: Path) -> None:
+    j = Journal(tmp_path, segment_size=64 * 1024)
+    j.open_segment(1)
+    j.append(msg(1))
+    t = j.commit()  # no syncer thread: synced on the spot
+    first = j.fd
+    j.open_segment(2)  # everything named it is synced: closed at once
+    with pytest.raises(OSError):
+        os.fstat(first)
+    j.syncer = Syncer(lambda t: None, lambda t, e: None)  # a syncer that never runs: requests stay outstanding
+    j.append(R.enqueue(1, 2, 2, 2, 0, None, bytes(8000)))  # too big to be synced on the spot
+    t = j.commit()
+    assert t is not None and j.synced < t
+    second = j.fd
+    j.open_segment(3)  # synced here (the roll-over's own fdatasync), but the syncer may still hold the fd
+    os.fstat(second)
+    j.mark_synced(t)
+    with pytest.raises(OSError):
+        os.fstat(second)
+    j.syncer = None
+    j.close()
 
 
 def wait_until(cond: object, seconds: float = 10.0) -> None:

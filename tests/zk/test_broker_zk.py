@@ -21,9 +21,9 @@ pytestmark = pytest.mark.zookeeper
 SESSION = 1.5
 
 
-def zk_cluster(brokers: BrokerFactory, zk: ZkTest, n: int = 3) -> Cluster:
+def zk_cluster(brokers: BrokerFactory, zk: ZkTest, n: int = 3, extra: tuple[str, ...] = ()) -> Cluster:
     return Cluster(brokers, n, ["--ha-coordinator", "zookeeper", "--zk-hosts", zk.hosts, "--zk-path", "/understudy/t",
-                                "--zk-session-timeout", str(SESSION)], heartbeat=0.5)
+                                "--zk-session-timeout", str(SESSION), *extra], heartbeat=0.5)
 
 
 def primaries(c: Cluster) -> list[int]:

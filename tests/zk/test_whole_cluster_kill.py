@@ -1,8 +1,10 @@
 """SIGKILL of every broker at once under durable load, at random moments, again and again: the brokers come back in
 a random order, ZooKeeper's election promotes the newest store, and no message a publisher saw confirmed is lost.
 
-The default suite runs a couple of rounds; `-m soak` runs many (UNDERSTUDY_KILL_ROUNDS, UNDERSTUDY_KILL_SEED
-pick them; the seed is printed and named in every failure)."""
+The brokers journal in the smallest segments (64 KiB) and each message carries 4 KiB of padding: every second of
+load rolls over several segments, the next one zero-filled in advance after the first 32 KiB, so the kills land in
+the middle of writes into prepared segments, of roll-overs and of zero-filling too. The default suite runs a couple of rounds; `-m soak` runs many
+(UNDERSTUDY_KILL_ROUNDS, UNDERSTUDY_KILL_SEED pick them; the seed is printed and named in every failure)."""
 
 from __future__ import annotations
 
@@ -24,18 +26,19 @@ from tests.zk.test_broker_zk import SESSION, check_history, wait_primary, zk_clu
 pytestmark = pytest.mark.zookeeper
 
 SECOND_RANGE = 10_000_000  # the second publisher's numbers start here
+SMALL_SEGMENTS = ("--journal-segment-bytes", str(64 * 1024))
 
 
 def kill_rounds(zk: ZkTest, brokers: BrokerFactory, tmp_path: Path, rounds: int, seed: int) -> None:
     print(f"\nwhole-cluster kill: {rounds} rounds, seed {seed}")
     rng = random.Random(seed)
-    c = zk_cluster(brokers, zk)
+    c = zk_cluster(brokers, zk, extra=SMALL_SEGMENTS)
     c.start()
     p = wait_primary(c)
     with mgmt(c[p].url) as m:
         m.call("CREATE", "queue", "dq", {"arguments": {"durable": True}})
     acked = [tmp_path / "acked-1.txt", tmp_path / "acked-2.txt"]
-    patience = ["--patience", str(SESSION + 60)]
+    patience = ["--patience", str(SESSION + 60), "--pad", "4000"]  # ~4 KiB a message: segments fill in rounds
     senders = [spawn("send", c.urls, "dq", acked[0], "--count", "1000000", *patience),
                spawn("send", c.urls, "dq", acked[1], "--count", "1000000", "--first", str(SECOND_RANGE), *patience)]
     try:
@@ -77,6 +80,9 @@ def kill_rounds(zk: ZkTest, brokers: BrokerFactory, tmp_path: Path, rounds: int,
         seq = numbers(tmp_path / name)
         assert seq == sorted(set(seq)), f"seed {seed}: a publisher confirmed out of order"
     check_history(c)
+    segments = [p for b in c.brokers for p in (b.data_dir / "journal").glob("*.jnl")]
+    full = sum(p.stat().st_size >= 64 * 1024 for p in segments)  # filled to the size, or zero-filled in advance
+    assert full > 0, f"seed {seed}: no segment reached 64 KiB: the kills did not meet the segment code"
 
 
 def test_every_broker_killed_at_once_under_durable_load_loses_no_confirmed_message(
