@@ -3,8 +3,9 @@ a random order, ZooKeeper's election promotes the newest store, and no message a
 
 The brokers journal in the smallest segments (64 KiB) and each message carries 4 KiB of padding: every second of
 load rolls over several segments, the next one zero-filled in advance after the first 32 KiB, so the kills land in
-the middle of writes into prepared segments, of roll-overs and of zero-filling too. The default suite runs a couple of rounds; `-m soak` runs many
-(UNDERSTUDY_KILL_ROUNDS, UNDERSTUDY_KILL_SEED pick them; the seed is printed and named in every failure)."""
+the middle of writes into prepared segments, of roll-overs and of zero-filling too. The default suite runs a couple
+of rounds; `-m soak` runs many (UNDERSTUDY_KILL_ROUNDS, UNDERSTUDY_KILL_SEED pick them; the seed is printed and
+named in every failure)."""
 
 from __future__ import annotations
 
