@@ -340,15 +340,11 @@ class Journal:
             # after writing its sockets (`sync_deferred`): what this pass sends to backups is on its way while
             # this disk flushes, and their own write and sync overlap ours.
             if self.syncer is not None and self.defer_inline:
-                if deferred is not None:
-                    fds += [fd for fd in deferred[1] if fd not in fds]
-                self.deferred = (self.ticket, fds)
+                self.deferred = (self.ticket, fds)  # covers an earlier deferred one: same segment, or it was synced
                 return self.ticket
             self._sync_inline(self.ticket, fds)
         else:
-            if deferred is not None:  # the thread's sync covers it
-                self.deferred = None
-                fds += [fd for fd in deferred[1] if fd not in fds]
+            self.deferred = None  # the thread's sync covers it (the same segment, or a rolled-over one synced then)
             self.syncer.request(self.ticket, fds)
         return self.ticket
 

@@ -94,16 +94,17 @@ def header(segment: int) -> bytes:
 
 
 def check_header(data: bytes, name: str) -> int:
-    """The segment number of a segment file's header; JournalError if it is not one we can read."""
+    """The format of a segment file's header (what `scan` reads it by); JournalError if it is not one we can
+    read."""
     if len(data) < HEADER.size:
         raise JournalError(f"{name}: too short for a journal segment header")
-    magic, fmt, segment = HEADER.unpack_from(data)
+    magic, fmt, _ = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise JournalError(f"{name}: not a journal segment (magic {magic!r})")
     if fmt > FORMAT:
         raise JournalError(f"{name}: journal format {fmt} is newer than this broker's ({FORMAT}); "
                            "use the release that wrote it, or move the data directory away")
-    return int(segment)
+    return int(fmt)
 
 
 def frame(kind: int, payload: bytes) -> bytes:
@@ -224,11 +225,6 @@ def header_unwritten(data: bytes | memoryview) -> str:
     if not any(bytes(data[: HEADER.size])):
         return "segment header never written (a zero-filled segment, no sync of it made)"
     return ""
-
-
-def segment_format(data: bytes | memoryview) -> int:
-    """The format number in a segment's header (check_header first)."""
-    return int(HEADER.unpack_from(data)[1])
 
 
 def scan(data: bytes | memoryview, start: int = 0, fmt: int = FORMAT) -> tuple[list[Record], ScanEnd]:

@@ -222,8 +222,7 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
     """Replay every segment of `directory` (keeping about `budget` bytes of messages in memory, 0 = all). Returns
     the image, the report, the segment numbers and the valid size of the last one (a torn tail beyond it is
     reported, not cut: the caller cuts when it writes again; 0: its header never reached the disk, the caller
-    drops it). Raises JournalError for damage that is not a torn
-    tail, or a newer format."""
+    drops it). Raises JournalError for damage that is not a torn tail, or a newer format."""
     image = Image(budget)
     report = Recovered()
     numbers = segment_numbers(directory)
@@ -235,8 +234,7 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
         if unwritten:
             report.cut, report.cut_reason, last_size = R.nonzero_end(memoryview(data), 0), unwritten, 0
             break
-        R.check_header(data, path.name)
-        recs, end = R.scan(data, R.HEADER.size, R.segment_format(data))
+        recs, end = R.scan(data, R.HEADER.size, R.check_header(data, path.name))
         if end.damaged or (end.torn and i < len(numbers) - 1):
             raise R.JournalError(
                 f"journal damaged in {path.name} at byte {end.good}: {end.reason}. Nothing was changed; to start "
