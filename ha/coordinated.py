@@ -72,6 +72,8 @@ class CoordinatedRole:
         self.forced = False
         self.last: Decision | None = None
         self.published_epoch = 0  # the newest epoch of ours whose ready set the coordinator holds
+        self.published_names: frozenset[str] = frozenset()  # that ready set (the last one written)
+        self._requested_names: frozenset[str] = frozenset()  # the last ready set asked for
         self._requests = 0  # ready-set publications asked for
         self._waiting: list[tuple[int, Callable[[], None]]] = []  # (request, what runs once it, or a later one, is out)
 
@@ -112,9 +114,22 @@ class CoordinatedRole:
         """A primary settles client messages only while it holds the lease (checked on every settle batch), and
         only once the coordinator holds a ready set of its epoch: until then the last one names the brokers of an
         older epoch, which would be promoted after an outage though they lack what we confirmed
-        (`election.restarted_with_newest_store`)."""
+        (`election.restarted_with_newest_store`). Nor while the ready set the coordinator holds names a backup we
+        no longer count as ready: it can still be elected, and it lacks what we would settle without it (a
+        publish it never acknowledged, a consumer's accept whose dequeue it never applied). A set without it is
+        asked for here if nothing asked yet (`Primary._drop_backup` asks when it drops one)."""
         n = self.node
-        return n.primary is None or (self.published_epoch >= n.epoch and self.coord.holds_lease())
+        if n.primary is None:
+            return True
+        if self.published_epoch < n.epoch or not self.coord.holds_lease():
+            return False
+        if self.published_names:
+            ready = frozenset(n.primary.ready_names())
+            if not self.published_names <= ready:
+                if self._requested_names != ready:
+                    self.ready_set_changed(sorted(ready))
+                return False
+        return True
 
     # ----- callbacks (reactor thread) ---------------------------------------------------------------------------
     def on_view(self, view: ClusterView) -> None:
@@ -170,11 +185,14 @@ class CoordinatedRole:
         epoch = self.node.epoch
         self._requests += 1
         seq = self._requests
+        written = frozenset(names)
+        self._requested_names = written
         if on_published is not None:
             self._waiting.append((seq, on_published))
 
         def published() -> None:
             self.published_epoch = max(self.published_epoch, epoch)
+            self.published_names = written
             due = [fn for s, fn in self._waiting if s <= seq]
             self._waiting = [(s, fn) for s, fn in self._waiting if s > seq]
             for fn in due:

@@ -119,3 +119,36 @@ def test_what_waited_for_a_replaced_ready_set_runs_when_a_later_one_is_published
     coordinator.write()
     settle(store, node)
     assert released == ["b2's settlements", "b3's"]
+
+
+def test_nothing_is_settled_while_the_published_ready_set_names_a_backup_no_longer_ready() -> None:
+    """The 300-fault run of 2026-11-26 15:05 (seed 2611261): a primary cut off for 0.5 s lost backup b2, answered a
+    consumer's accept (and settled publishes) without it before ZooKeeper had a ready set without b2; b2 was then
+    elected, without that dequeue, and delivered the accepted message again."""
+    store = MemoryStore()
+    coordinator = Replacing(store, "b1")
+    node = Node("b1")
+    role = CoordinatedRole(node, coordinator)
+    role.start()
+    settle(store, node)
+    coordinator.write()  # the promotion's ready set
+    settle(store, node)
+    assert node.primary is not None
+    node.primary.ready = ["b2"]
+    role.ready_set_changed(["b2"])
+    coordinator.write()
+    settle(store, node)
+    assert role.published_names == {"b2"} and role.may_settle()
+
+    node.primary.ready = []  # b2 lost (its browser gone, or the connection): ZooKeeper still says it is ready
+    assert not role.may_settle()
+    assert coordinator.pending is not None and coordinator.pending[0] == frozenset()  # asked for, once
+    coordinator.pending = None
+    assert not role.may_settle() and coordinator.pending is None  # not asked again while that request is out
+    role.ready_set_changed([])  # what Primary._drop_backup asks (a request the coordinator had not written)
+    coordinator.write()
+    settle(store, node)
+    assert store.ready_set == frozenset() and role.may_settle()
+
+    node.primary.ready = ["b3"]  # a backup that became ready: settling with it at once is safe
+    assert role.may_settle()
