@@ -95,10 +95,8 @@ class Replacing(MemoryCoordinator):
         super().publish_ready_set(names, done)
 
 
-def test_what_waited_for_a_replaced_ready_set_runs_when_a_later_one_is_published() -> None:
-    """The 1000-fault soak's second stop: a dropped backup's settlements waited for a ready set without it; the
-    request was replaced (another backup became ready) before ZooKeeper had it, the wait was lost, and every resend
-    of those messages waited behind them for ever."""
+def promoted_with_replacing() -> tuple[MemoryStore, Replacing, Node, CoordinatedRole]:
+    """b1 promoted on a `Replacing` coordinator, the promotion's ready set written."""
     store = MemoryStore()
     coordinator = Replacing(store, "b1")
     node = Node("b1")
@@ -107,6 +105,14 @@ def test_what_waited_for_a_replaced_ready_set_runs_when_a_later_one_is_published
     settle(store, node)
     coordinator.write()  # the promotion's ready set
     settle(store, node)
+    return store, coordinator, node, role
+
+
+def test_what_waited_for_a_replaced_ready_set_runs_when_a_later_one_is_published() -> None:
+    """The 1000-fault soak's second stop: a dropped backup's settlements waited for a ready set without it; the
+    request was replaced (another backup became ready) before ZooKeeper had it, the wait was lost, and every resend
+    of those messages waited behind them for ever."""
+    store, coordinator, node, role = promoted_with_replacing()
     released: list[str] = []
     role.ready_set_changed([], lambda: released.append("b2's settlements"))  # b2 dropped
     role.ready_set_changed(["b3"])  # b3 ready before that reached ZooKeeper: it replaces the request
@@ -125,14 +131,7 @@ def test_nothing_is_settled_while_the_published_ready_set_names_a_backup_no_long
     """The 300-fault run of 2026-11-26 15:05 (seed 2611261): a primary cut off for 0.5 s lost backup b2, answered a
     consumer's accept (and settled publishes) without it before ZooKeeper had a ready set without b2; b2 was then
     elected, without that dequeue, and delivered the accepted message again."""
-    store = MemoryStore()
-    coordinator = Replacing(store, "b1")
-    node = Node("b1")
-    role = CoordinatedRole(node, coordinator)
-    role.start()
-    settle(store, node)
-    coordinator.write()  # the promotion's ready set
-    settle(store, node)
+    store, coordinator, node, role = promoted_with_replacing()
     assert node.primary is not None
     node.primary.ready = ["b2"]
     role.ready_set_changed(["b2"])
