@@ -445,7 +445,8 @@ _EVENTS: tuple[Event, ...] = (
           (U("description", "the failed operations"),)),
     Event("ha.zookeeper.leadership_lost", _WARN, _C, "this broker no longer leads", (U("reason"),)),
     Event("ha.zookeeper.ready_set", _INFO, _C, "(leader) the ready set of its epoch is in ZooKeeper: the backups "
-          "that hold everything it confirmed; a primary settles nothing before the first of its epoch",
+          "that hold everything it confirmed; a primary settles nothing before the first of its epoch, nor "
+          "while the last one names a backup it dropped",
           (U("epoch"), U("names"))),
     Event("ha.zookeeper.turn_failed", _WARN, _C, "a ZooKeeper round failed; retried with back-off",
           (U("description"),)),
