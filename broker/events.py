@@ -385,6 +385,10 @@ _EVENTS: tuple[Event, ...] = (
           (U("backup"), U("mode"))),
     Event("ha.backup.lost", _WARN, _H, "(primary) a backup was dropped; its guards released",
           (U("backup"), U("address"), U("reason", "`disconnected`, `heartbeat`, `error`"), U("released"))),
+    Event("ha.view.confirmed", _INFO, _H, "(primary, without a coordinator) every ready backup holds the member "
+          "list without the ready backup dropped last: the settlements held for it go out (docs/replication.md)",
+          (U("seq", "the member list's number (Membership.seq)"), U("names", "the ready backups"),
+           U("held_seconds"))),
     Event("ha.backup.ready", _INFO, _H, "(primary) a backup became ready",
           (U("backup"), U("address"), U("seconds", "since it connected"))),
     Event("ha.catchup.start", _INFO, _H, "(primary) catch-up of one queue began",

@@ -83,6 +83,13 @@ class Member:
                 self.proc.kill()
 
 
+def rank_of(status: dict[str, Any]) -> Rank:
+    """A ready backup's STATUS as its rank: the member list it holds counts if it is one of its epoch."""
+    epoch = int(status["epoch"])
+    view = ReadyView.from_json(status.get("ready_view"))
+    return Rank(epoch, int(status["position"]), view.seq if view is not None and view.epoch == epoch else 0)
+
+
 def standing_of(status: dict[str, Any]) -> Standing:
     """What a `joining` broker's STATUS says of its journal (ha.core.restart)."""
     return Standing(str(status["name"]), int(status["epoch"]), int(status["position"]),
@@ -119,8 +126,7 @@ class Manager:
             self.say("no broker is running: restarting every broker from its journal")
             self._restart_dead()
             return
-        ready = [(m.name, Rank(m.status["epoch"], m.status["position"])) for m in self.members
-                 if m.status and m.status["state"] == "ready"]
+        ready = [(m.name, rank_of(m.status)) for m in self.members if m.status and m.status["state"] == "ready"]
         name = best_candidate(ready)
         if name is not None:
             self._promote(name, {})

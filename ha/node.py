@@ -148,6 +148,8 @@ class HaNode(Extension):
             return False
         if self.coordinated is not None and not self.coordinated.may_settle():
             return False
+        if self.coordinated is None and not self.primary.view_fence_open():
+            return False
         return self._enough_backups(self.primary)
 
     def _enough_backups(self, primary: Primary) -> bool:

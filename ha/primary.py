@@ -69,6 +69,10 @@ class Primary:
         self.timed_out: list[str] = []
         self._timer: Any = None
         self.seq = 0  # the number of the last member list of this epoch (Membership.seq)
+        # Without a coordinator: after a ready backup was dropped, the number of the first member list without it.
+        # Nothing is settled until every ready backup holds that list (`view_fence_open`), and when it was set.
+        self.view_fence = 0
+        self.view_fence_since = 0.0
         self.lag_histograms: dict[str, LagHistogram] = {}  # per backup, since this broker became primary (metrics)
 
     # ----- install / uninstall ----------------------------------------------------------------------------------
@@ -157,6 +161,10 @@ class Primary:
         released: list[AcceptToken] = [*guarded, *accepts]
         self.update_membership()  # journals the list without it (HaNode.set_membership)
         coordinated = self.node.coordinated
+        if coordinated is None and b.state == HaState.READY and self.seq > self.view_fence:
+            if not self.view_fence:
+                self.view_fence_since = time.time()
+            self.view_fence = self.seq
         store = self.server.store
         if coordinated is not None and b.state == HaState.READY:
             # The dropped backup must leave the coordinator's ready set before we settle without it, or it
@@ -246,11 +254,11 @@ class Primary:
         if link.is_receiver:
             raise LinkError("amqp:invalid-field", "the status link is read from the primary")
         b = self._backup_of(st)
-        h = StatusLink(self, link, st)
+        h = StatusLink(self, link, st, b)
         self.status_links.add(h)
         b.wiring_done = True
         self.server.wake_call(lambda: self.check_ready(b))
-        h.send(self.membership_message())
+        h.send(*self.membership_message())
         return h
 
     def _attach_acks(self, link: Any, st: ConnectionState) -> LinkHandler:
@@ -481,17 +489,35 @@ class Primary:
             if self.node.coordinated is not None and self.node.state == HaState.ACTIVE:
                 self.node.coordinated.ready_set_changed(self.ready_names())
 
-    def membership_message(self) -> bytes:
-        body = self.node.membership.to_wire()
+    def membership_message(self) -> tuple[int, bytes]:
+        """The member list's number and encoded message (`$ha.status`)."""
+        m = self.node.membership
+        body = m.to_wire()
         body["public_url"] = self.config.ha_public_url
         body["brokers_url"] = self.config.ha_brokers_url
         body["default_level"] = self.node.default_level
-        return Message(body=body, subject="membership").encode()
+        return m.seq, Message(body=body, subject="membership").encode()
 
     def broadcast_membership(self) -> None:
-        data = self.membership_message()
+        seq, data = self.membership_message()
         for h in list(self.status_links):
-            h.send(data)
+            h.send(seq, data)
+
+    def view_fence_open(self) -> bool:
+        """Without a coordinator, a ready backup that lost us stays a candidate for promotion (docs/states.md), and
+        Pacemaker and understudy-cluster rank candidates by the member list they hold before their position
+        (ha.core.epoch.Rank). So after we dropped a ready backup nothing is settled -- no publish, no consumer's
+        accept -- until every ready backup confirmed (settled on `$ha.status`) the list without it: from then on
+        any of them outranks the dropped one, which lacks what we settle next."""
+        if not self.view_fence:
+            return True
+        behind = [n for n, b in self.backups.items() if b.state == HaState.READY and b.view_confirmed < self.view_fence]
+        if behind:
+            return False
+        log.info("ha.view.confirmed", seq=self.view_fence, names=self.ready_names(),
+                 held_seconds=round(time.time() - self.view_fence_since, 3))
+        self.view_fence = 0
+        return True
 
     # ----- status -----------------------------------------------------------------------------------------------
     def backup_status(self, name: str) -> dict[str, Any]:

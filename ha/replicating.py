@@ -64,6 +64,7 @@ class RemoteBackup:
     state: HaState = HaState.CATCHUP
     senders: dict[str, ReplicatingSender] = field(default_factory=dict)
     wiring_done: bool = False  # the backup attached its status link: wiring mirrored, browsers requested
+    view_confirmed: int = 0  # the newest member list (Membership.seq) it settled on `$ha.status`
 
 
 class PrimarySide(Protocol):
@@ -581,21 +582,35 @@ class AckLink(LinkHandler):
 
 
 class StatusLink(LinkHandler):
-    """`$ha.status`: the membership list, re-sent on every change (pre-settled)."""
+    """`$ha.status`: the membership list, re-sent on every change. Unsettled: a backup settles each list once it
+    holds it, which is how the primary knows it does (`Primary.view_fence_open`)."""
 
-    def __init__(self, primary: PrimarySide, link: Any, conn: ConnectionState) -> None:
+    def __init__(self, primary: PrimarySide, link: Any, conn: ConnectionState, backup: RemoteBackup) -> None:
         super().__init__(primary.server, link, conn)
         self.primary = primary
-        self.pending: deque[bytes] = deque()
+        self.backup = backup
+        self.pending: tuple[int, bytes] | None = None
+        self.unsettled: list[tuple[Any, int]] = []  # (delivery, list number) sent, not settled by the backup
 
-    def send(self, data: bytes) -> None:
-        self.pending.clear()  # only the newest membership matters
-        self.pending.append(data)
+    def send(self, seq: int, data: bytes) -> None:
+        self.pending = (seq, data)  # only the newest membership matters
         self.on_flow()
 
     def on_flow(self) -> None:
-        while self.pending and raw.link_credit(self.l) > 0:
-            raw.send_settled(self.l, next(_tags), self.pending.popleft())
+        if self.pending is not None and raw.link_credit(self.l) > 0:
+            seq, data = self.pending
+            self.pending = None
+            self.unsettled.append((raw.send(self.l, next(_tags), data), seq))
+
+    def on_delivery(self, d: Any) -> None:
+        if not raw.delivery_settled(d):
+            return
+        for i, (sent, seq) in enumerate(self.unsettled):
+            if sent == d:
+                del self.unsettled[i]
+                raw.delivery_settle(d)
+                self.backup.view_confirmed = max(self.backup.view_confirmed, seq)
+                return
 
     def on_detached(self) -> None:
         self.primary.status_links.discard(self)

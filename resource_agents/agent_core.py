@@ -54,6 +54,7 @@ class BrokerStatus:
     epoch: int
     position: int
     lost_primary: bool = False  # see effective_status: was ready until its primary vanished
+    view: int = 0  # the number of the newest member list of its epoch it holds from the primary (0: none)
 
     @property
     def is_primary(self) -> bool:
@@ -64,26 +65,33 @@ class BrokerStatus:
         return self.role == "backup" and self.state == "ready"
 
     @property
-    def currency(self) -> tuple[int, int]:
-        """How current the data is: compare epoch first, position only within an epoch."""
-        return (self.epoch, self.position)
+    def currency(self) -> tuple[int, int, int]:
+        """How current the data is: epoch first; within an epoch the newer member list, then the position (the
+        rule of ha.core.epoch.Rank). A ready backup the primary dropped holds an older list than every backup the
+        primary settled anything with afterwards: the primary waits until they hold the newer one."""
+        return (self.epoch, self.view, self.position)
 
     def encode(self) -> str:
-        """Compact form stored in a node attribute: ``role:state:epoch:position[:lost]``."""
-        text = f"{self.role}:{self.state}:{self.epoch}:{self.position}"
+        """Compact form stored in a node attribute: ``role:state:epoch:position:view[:lost]``."""
+        text = f"{self.role}:{self.state}:{self.epoch}:{self.position}:{self.view}"
         return text + ":lost" if self.lost_primary else text
 
     @classmethod
     def decode(cls, text: str) -> BrokerStatus:
+        """The form ``encode`` writes; also the older ``role:state:epoch:position[:lost]`` (no member list)."""
         parts = text.strip().split(":")
-        if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] != "lost"):
+        lost = parts[-1] == "lost"
+        if lost:
+            parts.pop()
+        if len(parts) not in (4, 5):
             raise ValueError(f"bad published status {text!r}")
         return cls(
             role=parts[0],
             state=parts[1],
             epoch=int(parts[2]),
             position=int(parts[3]),
-            lost_primary=len(parts) == 5,
+            lost_primary=lost,
+            view=int(parts[4]) if len(parts) == 5 else 0,
         )
 
 
@@ -92,14 +100,26 @@ def status_from(data: object) -> BrokerStatus:
     if not isinstance(data, dict):
         raise ValueError(f"unexpected status answer: not an object: {str(data)[:200]!r}")
     try:
+        epoch = int(data["epoch"])
         return BrokerStatus(
             role=str(data["role"]),
             state=str(data["state"]),
-            epoch=int(data["epoch"]),
+            epoch=epoch,
             position=int(data["position"]),
+            view=_view_number(data.get("ready_view"), epoch),
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"unexpected status answer: {exc!r}: {str(data)[:200]!r}") from exc
+
+
+def _view_number(view: object, epoch: int) -> int:
+    """The number of the member list a STATUS answer's ``ready_view`` names, if it is one of ``epoch`` (a list of
+    an older primary says nothing about this one's)."""
+    if isinstance(view, dict) and view.get("epoch") == epoch:
+        seq = view.get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0:
+            return seq
+    return 0
 
 
 _ATTRD_LINE = re.compile(r'host="(?P<host>[^"]*)"\s+value="(?P<value>[^"]*)"')
@@ -160,7 +180,8 @@ def effective_status(
     """
     if sole_member and status.role == "backup" and status.state in BACKUP_STATES:
         return BrokerStatus(
-            "backup", "ready", status.epoch, status.position, lost_primary=status.state != "ready"
+            "backup", "ready", status.epoch, status.position, lost_primary=status.state != "ready",
+            view=status.view,
         )
     return status
 
@@ -191,7 +212,8 @@ def promotion_score(
     """The promotion score this node should carry, or None to delete it.
 
     - the primary keeps PRIMARY_SCORE (a promoted instance without a score would be demoted);
-    - ready backups are ranked by (epoch, position) among all ready instances: the most current gets
+    - ready backups are ranked by currency (epoch, member list, position) among all ready instances: the most
+      current gets
       BEST_READY_SCORE, each rank below loses RANK_STEP (equal currency, equal score);
     - joining/catchup backups get none, so Pacemaker never promotes a backup that lacks acknowledged messages;
     - whole-cluster restart (``restart``, see ``whole_cluster_restart``): the one node whose broker the restart
@@ -311,8 +333,8 @@ def _most_current(candidates: Mapping[str, BrokerStatus]) -> str | None:
 def _abort_for(better: str, own: BrokerStatus, theirs: BrokerStatus) -> PromoteDecision:
     return PromoteDecision(
         PromoteAction.ABORT_FOR_BETTER,
-        f"{better} is more current (epoch {theirs.epoch}, position {theirs.position}) than this node "
-        f"(epoch {own.epoch}, position {own.position})",
+        f"{better} is more current (epoch {theirs.epoch}, member list {theirs.view}, position {theirs.position}) "
+        f"than this node (epoch {own.epoch}, member list {own.view}, position {own.position})",
         better_node=better,
     )
 

@@ -18,6 +18,7 @@ either        equal                       ``ACCEPT``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -25,12 +26,27 @@ from enum import Enum
 from ha.core.states import Role
 
 
-@dataclass(frozen=True, order=True)
+@functools.total_ordering
+@dataclass(frozen=True)
 class Rank:
-    """How current a broker's replicated data is; compare with <, >, max()."""
+    """How current a broker's replicated data is; compare with <, >, max(): the epoch first, then the number of the
+    newest member list of that epoch it holds (`view`, 0 where unknown), then its position. A ready backup its
+    primary dropped stays a candidate (it holds every message confirmed while it was ready); the list that drops
+    it ranks every backup that holds it higher, and the primary settles nothing without the dropped one before
+    each ready backup holds that list (ha.primary.Primary.view_fence_open)."""
 
     epoch: int
     position: int
+    view: int = 0
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.epoch, self.view, self.position)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Rank):
+            return NotImplemented
+        return self.key < other.key
 
 
 def best_candidate(candidates: Iterable[tuple[str, Rank]]) -> str | None:
@@ -40,8 +56,8 @@ def best_candidate(candidates: Iterable[tuple[str, Rank]]) -> str | None:
 
 
 def rank_candidates(candidates: Iterable[tuple[str, Rank]]) -> list[str]:
-    """Names ordered best first: higher (epoch, position), then name ascending."""
-    return [name for name, _ in sorted(candidates, key=lambda c: (-c[1].epoch, -c[1].position, c[0]))]
+    """Names ordered best first: higher rank (epoch, member list, position), then name ascending."""
+    return [name for name, _ in sorted(candidates, key=lambda c: (*(-k for k in c[1].key), c[0]))]
 
 
 class Decision(Enum):

@@ -8,15 +8,20 @@ from __future__ import annotations
 import contextlib
 import itertools
 import signal
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from proton import Delivery, Message, Timeout
 
+from ha.core.epoch import best_candidate
+from ha.local_cluster import rank_of
 from tests.support.amqp import SettleSecond, connect, mgmt
 from tests.support.cluster import Cluster
+from tests.support.procs import wait_for
 
 Make = Callable[..., Cluster]
 _names = itertools.count()
@@ -146,3 +151,63 @@ def test_an_accept_reaching_a_primary_after_it_stepped_down_is_neither_applied_n
     assert not d.settled, "a broker that is no longer the primary answered an accept"
     with mgmt(c[0].url) as m:
         assert m.call("READ", "queue", "late").body["depth"] == 3  # the replica kept the message
+
+
+def test_after_a_ready_backup_is_dropped_nothing_is_answered_before_the_other_ready_backups_hold_the_new_list(
+        cluster: Make) -> None:
+    """Without a coordinator a ready backup that lost its primary stays a candidate (docs/states.md); what ranks the
+    others above one the primary dropped is the member list without it (ha.core.epoch.Rank). So an accept that
+    waited for the dropped backup is answered only once every other ready backup confirmed that list."""
+    c = cluster(3, heartbeat=4.0)  # a backup stopped for a few seconds is not dropped
+    c.start_with_primary(0)
+    conn = _filled(c, "fence", 4)
+    c[1].signal(signal.SIGSTOP)  # will be dropped
+    c[2].signal(signal.SIGSTOP)
+    try:
+        held = _accept_without_settling(conn, "fence", 2)
+        c[2].signal(signal.SIGCONT)
+        time.sleep(0.5)  # b3 applies and acknowledges the dequeues: only b2 holds the accepts
+        assert not _answered(conn, held, 0.5)
+        c[2].signal(signal.SIGSTOP)  # now b3 cannot confirm a new member list
+        c[1].kill()  # dropped at once (connection reset): what waited for it is released
+        assert not _answered(conn, held, 1.5), "answered before the other ready backup held the list without b2"
+    finally:
+        c[2].signal(signal.SIGCONT)
+    assert _answered(conn, held, 10.0)
+    assert _bodies(c[0].url, "fence") == [2, 3]
+
+
+def test_a_dropped_ready_backup_is_ranked_below_the_one_that_holds_the_newer_list_and_accepted_messages_stay_gone(
+        cluster: Make) -> None:
+    """A backup silent long enough to be dropped, then back after the primary died: it is ready and as far along
+    as the other (no publish since), but lacks the dequeues of the accepts answered without it. Every ranking of
+    candidates (understudy-cluster's, the OCF agent's) puts the other first."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
+    import agent_core as core
+
+    c = cluster(3, heartbeat=0.5)
+    c.start_with_primary(0)
+    conn = _filled(c, "rank", 5)
+    c[1].signal(signal.SIGSTOP)  # b2 ("b2" < "b3": it wins a tie)
+    try:
+        wait_for(lambda: "b2" not in {m["name"] for m in Cluster.status(c[0])["members"]}, 10, 0.1,
+                 what="b2 dropped")
+        held = _accept_without_settling(conn, "rank", 3)
+        assert _answered(conn, held, 10.0)
+        c[0].kill()
+    finally:
+        c[1].signal(signal.SIGCONT)
+    for i in (1, 2):
+        c.wait_state(i, "ready")
+        wait_for(lambda i=i: Cluster.status(c[i])["primary"] is None, 10, 0.1, what=f"b{i + 1} saw its primary go")
+    dropped, kept = Cluster.status(c[1]), Cluster.status(c[2])
+    assert dropped["position"] == kept["position"]
+    assert best_candidate([("b2", rank_of(dropped)), ("b3", rank_of(kept))]) == "b3"
+    published = {"n2": core.status_from(dropped), "n3": core.status_from(kept)}
+    decision = core.decide_promote("n2", published["n2"], published)
+    assert decision.action is core.PromoteAction.ABORT_FOR_BETTER and decision.better_node == "n3"
+    assert core.promotion_score("n2", published["n2"], published) < core.promotion_score("n3", published["n3"],
+                                                                                        published)
+    c.promote(2)
+    c.wait_state(2, "recovering", "active")
+    assert _bodies(c[2].url, "rank") == [3, 4]

@@ -373,3 +373,53 @@ def test_after_every_broker_is_sigkilled_the_newest_store_is_promoted_and_nothin
         if node is not new:
             wait_for(f"{node.name} ready again", lambda n=node: query(brokers, n)["state"] == "ready", 120)
     brokers.run(brokers.nodes[0], ["crm_resource", "--cleanup", "-r", RSC], check=False)
+
+
+def test_a_backup_cut_off_from_the_primary_is_never_promoted_over_the_backup_that_stayed(brokers: Cluster) -> None:
+    """A backup whose AMQP traffic to the primary is cut (corosync still up) is dropped by the primary but stays
+    ready; the primary carries on, answering consumers' accepts with the other backup. Then the primary's node
+    crashes: Pacemaker must promote the backup that stayed (it holds the newer member list), never the cut one,
+    which still holds the messages whose accepts were answered -- they would be delivered again."""
+    vip, queue = f"{VIP}:{PORT}", "cut-backup"
+    brokers.client([PYTHON, CLIENT, "fill", "--url", vip, "--queue", queue, "--count", "20"])
+    old = brokers.node(brokers.wait_status("steady state", primary_with_vip).promoted(RSC)[0])
+    kept, cut = sorted((n for n in brokers.nodes if n is not old), key=lambda n: n.name)
+    for node in (cut, kept):
+        wait_for(f"{node.name} ready", lambda n=node: query(brokers, n)["state"] == "ready", 60)
+    cut_name = query(brokers, cut)["name"]
+
+    def members() -> set[str]:
+        rows = query(brokers, old)["members"]
+        assert isinstance(rows, list)
+        return {str(m["name"]) for m in rows}
+
+    for rule in (["OUTPUT", "-o", "eth0", "-p", "tcp", "--dport"], ["INPUT", "-i", "eth0", "-p", "tcp", "--sport"]):
+        brokers.netns_exec(cut.ns, ["iptables", "-A", *rule, str(PORT), "-j", "DROP"])  # its own clients still reach it
+    try:
+        wait_for(f"the primary drops {cut.name}", lambda: cut_name not in members(), 30)
+        taken = brokers.client([PYTHON, CLIENT, "take", "--url", vip, "--queue", queue, "--count", "5"])
+        assert [int(x) for x in taken.stdout.split()] == [1, 2, 3, 4, 5]
+        assert query(brokers, cut)["state"] == "ready"  # a candidate still, with the accepted messages on it
+
+        def score(node: Node) -> int | None:
+            out = brokers.run(kept, ["crm_attribute", "--promotion", RSC, "-N", node.name, "-G", "-q"], check=False)
+            return int(out.stdout) if out.returncode == 0 and out.stdout.strip().isdigit() else None
+
+        # Once both monitors ran: the one that stayed is the best candidate, the cut one ranks below it.
+        wait_for("scores that rank the cut backup below the other", lambda: score(kept) == 1000 and score(cut) == 990,
+                 30)
+        brokers.kill_node(old)
+        status = brokers.wait_status(
+            "another node promoted, with the VIP",
+            lambda s: primary_with_vip(s) and s.promoted(RSC) != [old.name],
+            timeout=90,
+            via=kept,
+        )
+    finally:
+        brokers.heal(cut)
+    assert status.promoted(RSC) == [kept.name]
+    drained = brokers.client([PYTHON, CLIENT, "drain", "--url", vip, "--queue", queue])
+    assert [int(x) for x in drained.stdout.split()] == list(range(6, 21))  # none of the accepted ones again
+    brokers.restart_node(old)
+    brokers.wait_online([n.name for n in brokers.nodes])
+    brokers.wait_status(f"{old.name} back as Unpromoted", lambda s: old.name in s.unpromoted(RSC), timeout=120)

@@ -179,7 +179,43 @@ def test_ties_pick_the_same_node_everywhere() -> None:
     assert core.decide_promote("n1", published["n1"], published).better_node == "n2"
 
 
+def test_a_ready_backup_holding_an_older_member_list_is_ranked_below_one_holding_a_newer_list() -> None:
+    """Within an epoch the member list a backup holds ranks before its position: a backup its primary dropped
+    (older list) lacks what the primary settled afterwards, though no publish may have moved the positions; and one
+    with a newer list holds everything settled, whatever it has not acknowledged yet."""
+    dropped = BrokerStatus("backup", "ready", 3, 100, view=4)
+    kept = BrokerStatus("backup", "ready", 3, 100, view=5)
+    ahead_but_older = BrokerStatus("backup", "ready", 3, 130, view=4)
+    newer_epoch = BrokerStatus("backup", "ready", 4, 0, view=1)
+    published = {"n1": dropped, "n2": kept}
+    d = core.decide_promote("n1", dropped, published)
+    assert d.action is PromoteAction.ABORT_FOR_BETTER and d.better_node == "n2"
+    assert "member list 5" in d.reason
+    assert core.decide_promote("n2", kept, published).action is PromoteAction.PROMOTE
+    assert core.decide_promote("n3", ahead_but_older, {**published, "n3": ahead_but_older}).better_node == "n2"
+    assert core.decide_promote("n2", kept, {**published, "n4": newer_epoch}).better_node == "n4"
+    scores = {n: core.promotion_score(n, s, published) for n, s in published.items()}
+    assert scores["n2"] == core.BEST_READY_SCORE and scores["n1"] == core.BEST_READY_SCORE - core.RANK_STEP
+
+
+def test_the_member_list_a_status_answer_names_counts_only_within_its_epoch() -> None:
+    base = {"role": "backup", "state": "ready", "epoch": 3, "position": 9}
+    assert core.status_from({**base, "ready_view": {"epoch": 3, "seq": 7, "primary": "b1"}}).view == 7
+    assert core.status_from({**base, "ready_view": {"epoch": 2, "seq": 7, "primary": "b1"}}).view == 0
+    assert core.status_from({**base, "ready_view": None}).view == 0
+    assert core.status_from({**base, "ready_view": {"epoch": 3, "seq": "7"}}).view == 0
+    assert core.status_from(base).view == 0
+
+
 def test_status_round_trip_and_bad_input() -> None:
+    lost = BrokerStatus("backup", "ready", 3, 8, lost_primary=True, view=2)
+    assert lost.encode() == "backup:ready:3:8:2:lost" and BrokerStatus.decode(lost.encode()) == lost
+    # an agent of an older release publishes role:state:epoch:position[:lost]: no member list
+    assert BrokerStatus.decode("backup:ready:3:8:lost") == BrokerStatus("backup", "ready", 3, 8, lost_primary=True)
+    assert BrokerStatus.decode("backup:ready:3:8") == BrokerStatus("backup", "ready", 3, 8)
+    for bad in ("backup:ready:3", "backup:ready:3:8:2:1", "backup:ready:3:8:x", "lost"):
+        with pytest.raises(ValueError):
+            BrokerStatus.decode(bad)
     s = backup("ready", 7, 42)
     assert BrokerStatus.decode(s.encode()) == s
     assert core.decode_published({"n1": s.encode(), "n2": "garbage"}) == {"n1": s}

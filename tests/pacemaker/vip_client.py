@@ -6,6 +6,9 @@ broker settled as accepted. Run inside the client namespace:
 
 ``send`` writes ``<unix-ts> <n>`` per accepted message (so the failover gap can be measured) until SIGTERM.
 ``drain`` prints every message body (the numbers) left on the queue, one per line.
+``fill --count N`` sends 1..N (each settled by the broker); ``take --count N`` takes N messages in receiver-settle-mode
+second, accepts them and waits until the broker settled every accept (it then holds them dequeued on its backups),
+and prints their bodies.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import sys
 import time
 from types import FrameType
 
-from proton import ConnectionException, LinkException, Message, Timeout
+from proton import ConnectionException, Delivery, Link, LinkException, Message, Timeout
+from proton.reactor import LinkOption
 from proton.utils import BlockingConnection, SendException
 
 TRANSIENT = (ConnectionException, LinkException, Timeout, SendException, OSError)
@@ -94,9 +98,50 @@ def drain(url: str, queue: str, timeout: float) -> int:
     return 0
 
 
+def fill(url: str, queue: str, count: int, timeout: float) -> int:
+    conn = BlockingConnection(url, timeout=timeout, reconnect=False)
+    try:
+        sender = conn.create_sender(queue)
+        for n in range(1, count + 1):
+            sender.send(Message(body=n, durable=True))
+    finally:
+        conn.close()
+    print(count)
+    return 0
+
+
+class _SettleSecond(LinkOption):  # type: ignore[misc]
+    def apply(self, link: Link) -> None:
+        link.rcv_settle_mode = Link.RCV_SECOND
+
+
+def take(url: str, queue: str, count: int, timeout: float) -> int:
+    conn = BlockingConnection(url, timeout=timeout, reconnect=False)
+    try:
+        r = conn.create_receiver(queue, credit=0, options=_SettleSecond())
+        fetcher = r.fetcher
+        assert fetcher is not None
+        r.link.flow(count)
+        conn.wait(lambda: fetcher.has_message >= count, timeout=timeout, msg=f"{count} messages")
+        deliveries, bodies = [], []
+        for _ in range(count):
+            bodies.append(fetcher.pop().body)
+            d = fetcher.unsettled.popleft()
+            d.update(Delivery.ACCEPTED)
+            deliveries.append(d)
+        conn.wait(lambda: all(d.settled for d in deliveries), timeout=timeout, msg="accepts settled")
+        for d in deliveries:
+            d.settle()
+    finally:
+        conn.close()
+    print(*bodies, sep="\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["send", "drain"])
+    p.add_argument("mode", choices=["send", "drain", "fill", "take"])
+    p.add_argument("--count", type=int, default=10, help="fill/take: how many messages")
     p.add_argument("--url", required=True)
     p.add_argument("--queue", default="failover")
     p.add_argument("--log", default="sent.log")
@@ -106,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.mode == "send":
         return send(a.url, a.queue, a.log, a.interval, a.timeout, a.connect_timeout)
+    if a.mode == "fill":
+        return fill(a.url, a.queue, a.count, a.timeout)
+    if a.mode == "take":
+        return take(a.url, a.queue, a.count, a.timeout)
     return drain(a.url, a.queue, a.timeout)
 
 

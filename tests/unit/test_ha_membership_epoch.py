@@ -78,8 +78,11 @@ def test_member_role_must_follow_its_state() -> None:
         Member("b1", "h:1", Role.PRIMARY, HaState.READY)
 
 
-def test_rank_orders_by_epoch_then_position() -> None:
+def test_rank_orders_by_epoch_then_member_list_then_position() -> None:
     assert Rank(2, 1) > Rank(1, 1000) > Rank(1, 999)
+    assert Rank(1, 5, view=3) > Rank(1, 900, view=2) > Rank(1, 899, view=2) > Rank(1, 10**6)
+    assert Rank(2, 0, view=1) > Rank(1, 900, view=9)
+    assert max([Rank(1, 7, view=2), Rank(1, 7, view=3), Rank(1, 8, view=2)]) == Rank(1, 7, view=3)
     cands = [("b1", Rank(1, 500)), ("b2", Rank(2, 10)), ("b3", Rank(2, 10)), ("b4", Rank(2, 9))]
     assert rank_candidates(cands) == ["b2", "b3", "b4", "b1"]
     assert best_candidate(cands) == "b2" and best_candidate([]) is None
