@@ -102,6 +102,18 @@ def overlapping_settlers(windows: list[tuple[str, float, float]]) -> list[tuple[
     ]
 
 
+def crash_and_fail_over(cluster: Cluster, old: Node, survivor: Node) -> ClusterStatus:
+    """Crash the primary's node (link down, every process SIGKILLed); wait until another node is promoted and holds
+    the VIP (asked through ``survivor``)."""
+    cluster.kill_node(old)
+    return cluster.wait_status(
+        "another node promoted, with the VIP",
+        lambda s: primary_with_vip(s) and s.promoted(RSC) != [old.name],
+        timeout=90,
+        via=survivor,
+    )
+
+
 class Sender:
     """The VIP client, sending numbered messages in the client namespace."""
 
@@ -198,14 +210,7 @@ def test_crash_of_the_primary_node_fails_over_without_losing_acknowledged_messag
     old = brokers.node(brokers.status().promoted(RSC)[0])
     survivor = next(n for n in brokers.nodes if n is not old)
     crashed_at = time.time()
-    brokers.kill_node(old)
-    status = brokers.wait_status(
-        "another node promoted, with the VIP",
-        lambda s: primary_with_vip(s) and s.promoted(RSC) != [old.name],
-        timeout=90,
-        via=survivor,
-    )
-    new = status.promoted(RSC)[0]
+    new = crash_and_fail_over(brokers, old, survivor).promoted(RSC)[0]
 
     def first_settled_by_new_primary() -> float | None:
         starts = [
@@ -408,13 +413,7 @@ def test_a_backup_cut_off_from_the_primary_is_never_promoted_over_the_backup_tha
         # Once both monitors ran: the one that stayed is the best candidate, the cut one ranks below it.
         wait_for("scores that rank the cut backup below the other", lambda: score(kept) == 1000 and score(cut) == 990,
                  30)
-        brokers.kill_node(old)
-        status = brokers.wait_status(
-            "another node promoted, with the VIP",
-            lambda s: primary_with_vip(s) and s.promoted(RSC) != [old.name],
-            timeout=90,
-            via=kept,
-        )
+        status = crash_and_fail_over(brokers, old, kept)
     finally:
         brokers.heal(cut)
     assert status.promoted(RSC) == [kept.name]
