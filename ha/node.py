@@ -148,7 +148,7 @@ class HaNode(Extension):
             return False
         if self.coordinated is not None and not self.coordinated.may_settle():
             return False
-        if self.coordinated is None and not self.primary.view_fence_open():
+        if not self.primary.view_fence_open():  # raised only without a coordinator (Primary._drop_backup)
             return False
         return self._enough_backups(self.primary)
 

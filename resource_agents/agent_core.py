@@ -17,7 +17,7 @@ import shlex
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from urllib.parse import quote, unquote
 
@@ -179,10 +179,7 @@ def effective_status(
     hold a message it lacks.
     """
     if sole_member and status.role == "backup" and status.state in BACKUP_STATES:
-        return BrokerStatus(
-            "backup", "ready", status.epoch, status.position, lost_primary=status.state != "ready",
-            view=status.view,
-        )
+        return replace(status, state="ready", lost_primary=status.state != "ready")
     return status
 
 
