@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.cluster import Cluster, free_ports
+from tests.support.cluster import Cluster, free_port_run, free_ports
 from tests.support.procs import BIN, BrokerFactory
 
 Make = Callable[..., Cluster]
@@ -68,9 +68,7 @@ def test_demote_returns_primary_to_backup_and_another_can_take_over(cluster: Mak
 
 
 def test_understudy_cluster_starts_a_working_local_cluster(tmp_path: Path) -> None:
-    base = free_ports(1)[0]
-    if base > 65000:
-        base -= 1000
+    base = free_port_run(3)
     r = run("understudy-cluster", "--data-dir", str(tmp_path), "--base-port", str(base), "--once", timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "READY: clients use the URL list" in r.stderr

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.support.cluster import free_ports
+from tests.support.cluster import free_port_run
 from tests.support.procs import BIN, ROOT, wait_for
 
 
@@ -26,8 +26,7 @@ def quickstart_commands() -> list[str]:
 
 
 def test_readme_quickstart_messages_survive_the_primary(tmp_path: Path) -> None:
-    base = free_ports(1)[0]
-    base = base - 1000 if base > 64000 else base
+    base = free_port_run(3)
     data = tmp_path / "cluster"
 
     def local(line: str) -> str:
