@@ -6,6 +6,11 @@ dead broker as a backup. After a whole-cluster outage (every broker back from it
 the broker with the newest store by the rule of `ha.core.restart` (the one the Pacemaker agent applies); a broker
 with an older store joins it as a backup and catches up. It needs no Pacemaker and no ZooKeeper; it is for
 development and demos on one host.
+
+A primary whose process lives but does not answer (SIGSTOPped, hung) is fenced before anyone else is promoted: after
+`FENCE_AFTER` seconds without an answer the manager SIGKILLs it (it owns the processes: the one-host equivalent of
+Pacemaker's STONITH), then promotes and restarts it as a backup. Promoting beside it would leave two primaries when
+it resumes, and the old one, whose backups had left it, would confirm what nobody else holds.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ from ha.status_cli import collect, render
 
 BIN = Path(sys.executable).parent
 RESTART_WAIT = 30.0  # seconds a whole-cluster restart waits for brokers that do not come back (docs: ha.core.restart)
+# A primary that lost every backup (say stopped, then resumed after they left it) would otherwise confirm alone what
+# is lost if another broker takes over (docs/replication.md "--ha-min-ready-backups"); the chaos run found it.
+MIN_READY_BACKUPS = 1
+FENCE_AFTER = 5.0  # seconds a primary that lives may go without answering STATUS before it is killed (fenced)
 
 
 @dataclass
@@ -43,15 +52,21 @@ class Member:
     env: dict[str, str] = field(default_factory=dict)  # e.g. the replication password (not on the command line)
     proc: subprocess.Popen[bytes] | None = None
     status: dict[str, Any] | None = field(default=None)
+    answered: dict[str, Any] | None = None  # the last STATUS this process answered (None: none since its start)
+    silent_since: float | None = None  # when it last stopped answering while alive
 
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        self.proc = self._spawn()
+        self.answered = self.silent_since = None  # a broker (re)starts as a backup, whatever it was before
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "broker.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
+        return subprocess.Popen(
             [str(BIN / "ha-broker"), "--host", "127.0.0.1", "--port", str(self.port), "--name", self.name,
              "--data-dir", str(self.data_dir), "--log-file", str(self.data_dir / "events.log"),
              "--pid-file", str(self.data_dir / "broker.pid"), *self.args],
@@ -61,17 +76,37 @@ class Member:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def poll_status(self, timeout: float) -> dict[str, Any] | None:
+    def poll_status(self, timeout: float, now: float | None = None) -> dict[str, Any] | None:
         if not self.alive:
             self.status = None
             return None
+        self.status = self._ask(timeout)
+        if self.status is not None:
+            self.answered, self.silent_since = self.status, None
+        elif self.silent_since is None:
+            self.silent_since = time.monotonic() if now is None else now
+        return self.status
+
+    def _ask(self, timeout: float) -> dict[str, Any] | None:
         try:
             with ManagementClient(self.url, timeout=timeout) as c:
                 r = c.request("STATUS", P.MGMT_TYPE)
-                self.status = r.body if r.ok else None
+                return r.body if r.ok else None
         except (ManagementError, OSError):
-            self.status = None
-        return self.status
+            return None
+
+    @property
+    def silent_primary(self) -> bool:
+        """Alive, not answering, and a primary when it last answered: it may still act as one."""
+        return (self.alive and self.status is None and self.answered is not None
+                and self.answered.get("role") == "primary")
+
+    def kill(self) -> None:
+        """SIGKILL and reap (a stopped process dies too): afterwards it cannot confirm anything."""
+        if self.alive:
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.alive:
@@ -79,8 +114,8 @@ class Member:
             self.proc.terminate()
             try:
                 self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            except subprocess.TimeoutExpired:  # e.g. stopped (SIGSTOP): SIGTERM waits for a SIGCONT
+                self.kill()
 
 
 def rank_of(status: dict[str, Any]) -> Rank:
@@ -98,11 +133,12 @@ def standing_of(status: dict[str, Any]) -> Standing:
 
 class Manager:
     def __init__(self, members: list[Member], echo: bool = True, restart_wait: float = RESTART_WAIT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fence_after: float = FENCE_AFTER) -> None:
         self.members = members
         self.echo = echo
         self.restart_wait = restart_wait
         self.clock = clock
+        self.fence_after = fence_after
         self.outage_since: float | None = None  # when it first saw no primary and nobody ready
         self._said: str | None = None
 
@@ -117,10 +153,12 @@ class Manager:
     def step(self, timeout: float = 1.0) -> None:
         """One turn: look at every member, promote if there is no primary, restart the dead."""
         for m in self.members:
-            m.poll_status(timeout)
+            m.poll_status(timeout, self.clock())
         if any(m.status and m.status["role"] == "primary" for m in self.members):
             self.outage_since = None
             self._restart_dead()
+            return
+        if not self._fenced():
             return
         if not any(m.alive for m in self.members):
             self.say("no broker is running: restarting every broker from its journal")
@@ -150,6 +188,23 @@ class Manager:
         else:
             self.say(f"no primary: {d.describe()}", once=True)
 
+    def _fenced(self) -> bool:
+        """No primary answers: False while one that still lives has been silent less than `fence_after` (wait: it
+        may answer again); past that, SIGKILL it, so that nobody is promoted beside a primary that may resume."""
+        silent = [m for m in self.members if m.silent_primary]
+        for m in silent:
+            assert m.silent_since is not None
+            waited = self.clock() - m.silent_since
+            if waited < self.fence_after:
+                self.say(f"{m.name} (primary) does not answer: killing it if it still does not after "
+                         f"{self.fence_after:g} s", once=True)
+                return False
+        for m in silent:
+            m.kill()
+            self.say(f"{m.name} (primary) did not answer for {self.fence_after:g} s: killed it (fenced) before "
+                     "promoting another")
+        return True
+
     def _promote(self, name: str, body: dict[str, Any]) -> None:
         target = next(m for m in self.members if m.name == name)
         try:
@@ -166,16 +221,18 @@ class Manager:
                 m.start()
 
 
-def make_members(brokers: int, base_port: int, data_dir: Path, heartbeat: float, extra: list[str] | None = None
-                 ) -> list[Member]:
+def make_members(brokers: int, base_port: int, data_dir: Path, heartbeat: float, extra: list[str] | None = None,
+                 min_ready: int = MIN_READY_BACKUPS) -> list[Member]:
     """broker1..brokerN on consecutive ports, each with DATA_DIR/brokerN (its journal, event log, pid file).
     Replication is authenticated: the brokers log in to each other as REPLICATION_USER with the password of
-    DATA_DIR/replication.secret (made once, mode 0600), so no other connection can act as a backup."""
+    DATA_DIR/replication.secret (made once, mode 0600), so no other connection can act as a backup. A primary
+    settles nothing while fewer than `min_ready` backups are ready (at most the other brokers)."""
     ports = [base_port + i for i in range(brokers)]
     url = ",".join(f"127.0.0.1:{p}" for p in ports)
     # Auto-created queues: a demo client can send to any address (see the README's quickstart).
     args = ["--ha-cluster", "--ha-brokers-url", url, "--ha-heartbeat", str(heartbeat), "--ha-public-url", url,
-            "--auto-create-queues", "--ha-username", REPLICATION_USER, *(extra or [])]
+            "--auto-create-queues", "--ha-username", REPLICATION_USER,
+            "--ha-min-ready-backups", str(min(min_ready, brokers - 1)), *(extra or [])]
     env = {"UNDERSTUDY_HA_PASSWORD": replication_secret(data_dir)}
     return [Member(f"broker{i + 1}", p, data_dir / f"broker{i + 1}", args, env) for i, p in enumerate(ports)]
 
@@ -202,14 +259,19 @@ def replication_secret(data_dir: Path) -> str:
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path(".understudy"), show_default=True)
 @click.option("--heartbeat", default=1.0, show_default=True, help="HA heartbeat seconds")
 @click.option("--status-every", default=10.0, show_default=True, help="print ha-status every SECONDS (0: never)")
+@click.option("--fence-after", default=FENCE_AFTER, show_default=True, type=click.FloatRange(min=0.5),
+              help="kill a primary that lives but has not answered for SECONDS, then promote a backup")
+@click.option("--min-ready-backups", default=MIN_READY_BACKUPS, show_default=True, type=click.IntRange(min=0),
+              help="the primary confirms nothing while fewer backups are ready (0: confirm alone when none is)")
 @click.option("--once", is_flag=True, help="start, wait until every backup is ready, print status, stop")
-def main(brokers: int, base_port: int, data_dir: Path, heartbeat: float, status_every: float, once: bool) -> None:
+def main(brokers: int, base_port: int, data_dir: Path, heartbeat: float, status_every: float, fence_after: float,
+         min_ready_backups: int, once: bool) -> None:
     """Run a local Understudy cluster on 127.0.0.1 until Ctrl-C."""
-    members = make_members(brokers, base_port, data_dir, heartbeat)
+    members = make_members(brokers, base_port, data_dir, heartbeat, min_ready=min_ready_backups)
     url = ",".join(m.url for m in members)
     for m in members:
         m.start()
-    mgr = Manager(members)
+    mgr = Manager(members, fence_after=fence_after)
     stopping = False
 
     def stop(*_: Any) -> None:

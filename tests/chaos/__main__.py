@@ -24,7 +24,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     ap.add_argument("--faults", type=int, default=30)
     ap.add_argument("--seed", type=int, default=None, help="names the run (random if not given; always printed)")
-    ap.add_argument("--session", type=float, default=1.5, help="ZooKeeper session timeout in seconds")
+    ap.add_argument("--session", type=float, default=1.5,
+                    help="ZooKeeper session timeout in seconds (the unit of fault durations either way)")
+    ap.add_argument("--coordinator", choices=["zookeeper", "local"], default="zookeeper",
+                    help="who promotes: ZooKeeper, or understudy-cluster's manager (no coordinator in the brokers)")
+    ap.add_argument("--fence-after", type=float, default=2.0,
+                    help="local: seconds a silent primary lives before the manager kills it")
     ap.add_argument("--only", default="", help="comma list of fault kinds: " + ", ".join(k.value for k in Kind))
     ap.add_argument("--out", type=Path, help="write the JSON report here")
     ap.add_argument("--workdir", type=Path, help="keep brokers' logs and data here (default: a temporary dir)")
@@ -32,12 +37,12 @@ def main() -> int:
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     signal.signal(signal.SIGTERM, _stopped)  # clean up (processes, iptables rules) when stopped
     kinds = {Kind(x.strip()) for x in a.only.split(",") if x.strip()} or None
-    print(f"chaos: {a.faults} faults, seed {seed}", flush=True)
+    print(f"chaos: {a.faults} faults, seed {seed}, coordinator {a.coordinator}", flush=True)
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        report = Run(seed, a.faults, workdir, session=a.session, kinds=kinds,
-                     log=lambda s: print(s, flush=True)).execute()
+        report = Run(seed, a.faults, workdir, session=a.session, kinds=kinds, coordinator=a.coordinator,
+                     fence_after=a.fence_after, log=lambda s: print(s, flush=True)).execute()
     except ChaosError as e:
         print(f"chaos: {e} (workdir {workdir})", file=sys.stderr)
         return 2

@@ -1,10 +1,14 @@
-"""The chaos run's I/O edge: a ZooKeeper-coordinated cluster of real brokers under load from publishers with
-message-ids and a consumer that accepts, hurt by the faults of a seeded schedule (tests/chaos/model.py).
+"""The chaos run's I/O edge: a cluster of real brokers under load from publishers with message-ids and a consumer
+that accepts, hurt by the faults of a seeded schedule (tests/chaos/model.py).
 
-Each broker reaches ZooKeeper through its own `TcpProxy`, so cutting a broker off (`cut-primary`) black-holes its
-ZooKeeper session and drops its AMQP port with iptables (INPUT, both directions, on loopback); every rule is
-removed at the end. After each fault the run waits until the cluster is whole again (one active primary, every
-other broker ready) before the next one, and records how long publishers went without a confirmation.
+Two coordinators: ZooKeeper (the default), where each broker reaches ZooKeeper through its own `TcpProxy`, so
+cutting a broker off (`cut-primary`) black-holes its ZooKeeper session too; or `local`, understudy-cluster's
+manager (ha.local_cluster) turning in a thread of the run, with no coordinator in the brokers (the path Pacemaker
+takes too): the manager promotes, fences a primary that stops answering and restarts the dead, so the run kills and
+stops brokers but restarts none. `cut-primary` drops the primary's AMQP port with iptables (INPUT, both directions,
+on loopback); every rule is removed at the end. After each fault the run waits until the cluster is whole again
+(one active primary, every other broker ready) before the next one, and records how long publishers went without a
+confirmation.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import random
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -24,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import ManagementClient, ManagementError
+from ha.local_cluster import Manager, Member, make_members
 from tests.chaos.model import Fault, Kind, Verdict, check, recovery_table, schedule
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, free_port_run
 from tests.support.numbered import numbers, spawn
 from tests.support.procs import BrokerFactory, BrokerProcess
 from tests.zk.harness import TcpProxy, ZooKeeperServer, ensure_installed
@@ -45,6 +51,60 @@ class ChaosError(AssertionError):
     """The cluster did not recover from a fault in time (the message names the seed and the fault)."""
 
 
+class LocalCluster:
+    """understudy-cluster's brokers (`Member`s, which the run's faults use like `BrokerProcess`es) and its manager,
+    turning every 0.25 s in a thread, as `understudy-cluster` does every 0.5 s."""
+
+    def __init__(self, workdir: Path, heartbeat: float, fence_after: float, log: Callable[[str], None]) -> None:
+        self.brokers: list[Member] = make_members(3, free_port_run(3), workdir, heartbeat,
+                                                  extra=["--ha-backup-timeout", "2"])
+        self.manager = Manager(self.brokers, echo=False, fence_after=fence_after)
+        said: list[str] = []
+
+        def say(text: str, once: bool = False) -> None:
+            if not (once and said and said[-1] == text):
+                log(f"[manager] {text}")
+            said[:] = [text]
+
+        self.manager.say = say  # type: ignore[method-assign]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._turn, name="manager", daemon=True)
+
+    def _turn(self) -> None:
+        while not self._stop.wait(0.25):
+            self.manager.step(timeout=1.0)
+
+    def start(self) -> None:
+        for m in self.brokers:
+            m.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+        for m in self.brokers:
+            if m.alive:
+                assert m.proc is not None
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(m.proc.pid, signal.SIGCONT)
+            m.kill()
+
+    def kill_all_at_once(self) -> None:
+        procs = [m.proc for m in self.brokers if m.alive and m.proc is not None]
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+    def __getitem__(self, i: int) -> Member:
+        return self.brokers[i]
+
+    @property
+    def urls(self) -> list[str]:
+        return [m.url for m in self.brokers]
+
+
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
@@ -61,6 +121,8 @@ class Run:
     workdir: Path
     session: float = 1.5
     recover_timeout: float = 90.0
+    coordinator: str = "zookeeper"  # or "local": understudy-cluster's manager (module docstring)
+    fence_after: float = 2.0  # local: seconds a silent primary lives before the manager kills it
     log: Callable[[str], None] = print
     kinds: set[Kind] | None = None
     recovery: dict[Kind, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -72,19 +134,26 @@ class Run:
     # ----- set-up ---------------------------------------------------------------------------------------------
     def execute(self) -> dict[str, Any]:
         """Run the whole schedule; return the report (verdict, recovery table, fault log)."""
-        ensure_installed()
-        if self.kinds is None and not iptables_usable():
-            self.kinds = {k for k in Kind if k is not Kind.CUT_PRIMARY}
+        if self.local:
+            if self.kinds is None:
+                self.kinds = {k for k in Kind if k is not Kind.STOP_ZOOKEEPER}
+            self.kinds.discard(Kind.STOP_ZOOKEEPER)
+        else:
+            ensure_installed()
+        if not iptables_usable():
+            self.kinds = (self.kinds or set(Kind)) - {Kind.CUT_PRIMARY}
             self.log("iptables is not usable here (root and iptables needed): no cut-primary faults")
         plan = schedule(self.seed, self.faults, self.session, only=self.kinds)
-        zk = ZooKeeperServer(self.workdir / "zookeeper")
-        zk.start()
-        self.zk = zk
+        zk = None if self.local else ZooKeeperServer(self.workdir / "zookeeper")
+        if zk is not None:
+            zk.start()
+            self.zk = zk
         self.proxies: list[TcpProxy] = []
         factory = BrokerFactory(self.workdir)
         started = time.monotonic()
         try:
-            c = self._cluster(factory, zk)
+            c: Cluster | LocalCluster
+            c = LocalCluster(self.workdir, 0.5, self.fence_after, self.log) if zk is None else self._cluster(factory, zk)
             self.cluster = c
             c.start()
             self._wait_whole("start")
@@ -119,6 +188,9 @@ class Run:
                     child.kill()
                     child.wait(10)
             self._heal_all()
+            local = getattr(self, "cluster", None)
+            if isinstance(local, LocalCluster):
+                local.stop()
             for b in factory.brokers:
                 if b.alive and b.proc is not None:
                     with contextlib.suppress(ProcessLookupError):
@@ -127,8 +199,13 @@ class Run:
                 pass
             for p in self.proxies:
                 p.close()
-            zk.stop()
+            if zk is not None:
+                zk.stop()
         return self._report(verdict, time.monotonic() - started)
+
+    @property
+    def local(self) -> bool:
+        return self.coordinator == "local"
 
     def _cluster(self, factory: BrokerFactory, zk: ZooKeeperServer) -> Cluster:
         chroot = f"/chaos-{self.seed}"
@@ -153,7 +230,9 @@ class Run:
         t0 = time.monotonic()
         what = f"fault {f.index} {f.kind.value} (seed {self.seed})"
         confirm: float | None = None
-        if f.kind is Kind.KILL_PRIMARY:
+        if f.kind is Kind.KILL_PRIMARY and self.local:
+            c[p].kill()  # the manager promotes a ready backup and restarts this one as a backup
+        elif f.kind is Kind.KILL_PRIMARY:
             c[p].kill()
             try:  # the others take over: it comes back as a backup
                 confirm = self._confirming(t0, what, timeout=2 * self.session + SUPERVISOR_DELAY)
@@ -169,7 +248,8 @@ class Run:
         elif f.kind is Kind.KILL_BACKUP:
             c[backup].kill()
             time.sleep(f.duration)
-            c[backup].start()
+            if not self.local:  # (the manager restarts it at once)
+                c[backup].start()
         elif f.kind is Kind.STOP_BACKUP:
             self._pause(c[backup], f.duration)
         elif f.kind is Kind.CUT_PRIMARY:
@@ -180,7 +260,10 @@ class Run:
             self.zk.stop()
             time.sleep(f.duration)
             self.zk.start()
+        elif f.kind is Kind.KILL_ALL and self.local:
+            c.kill_all_at_once()  # the manager restarts them all and promotes the newest store
         elif f.kind is Kind.KILL_ALL:
+            assert isinstance(c, Cluster)
             c.kill_all_at_once()
             order = random.Random(f.pick).sample(range(len(c.brokers)), len(c.brokers))
             for i in order:
@@ -199,13 +282,15 @@ class Run:
         self.log(f"{what}: confirming after {confirm:.2f}s, whole after {whole:.2f}s")
 
     @staticmethod
-    def _pause(b: BrokerProcess, seconds: float) -> None:
+    def _pause(b: BrokerProcess | Member, seconds: float) -> None:
         assert b.proc is not None
-        os.killpg(b.proc.pid, signal.SIGSTOP)
+        pid = b.proc.pid
+        os.killpg(pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)
         finally:
-            os.killpg(b.proc.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # the local manager may have killed it (fenced)
+                os.killpg(pid, signal.SIGCONT)
 
     def _cut(self, i: int) -> None:
         port = self.cluster[i].port
@@ -213,7 +298,8 @@ class Run:
                      ["-p", "tcp", "--sport", str(port), "-j", "DROP"]):
             subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
             self.rules.append(rule)
-        self.proxies[i].blackhole()
+        if self.proxies:  # ZooKeeper: its session too
+            self.proxies[i].blackhole()
 
     def _heal_all(self) -> None:
         while self.rules:
@@ -223,7 +309,7 @@ class Run:
             p.heal()
 
     # ----- waiting ----------------------------------------------------------------------------------------------
-    def _status(self, b: BrokerProcess) -> dict[str, Any] | None:
+    def _status(self, b: BrokerProcess | Member) -> dict[str, Any] | None:
         if not b.alive:
             return None
         try:
@@ -311,7 +397,8 @@ class Run:
         for d in self.done:
             counts[d["fault"]] += 1
         return {
-            "seed": self.seed, "faults": len(self.done), "session_timeout": self.session,
+            "seed": self.seed, "coordinator": self.coordinator, "faults": len(self.done),
+            "session_timeout": self.session, "fence_after": self.fence_after if self.local else None,
             "seconds": round(seconds, 1), "mix": dict(sorted(counts.items())), "verdict": v.summary(),
             "primary_restarted_to_recover": self.supervised,
             # duplicates whose second delivery said so (delivery-count > 0): a consumer can tell them
@@ -325,8 +412,9 @@ class Run:
 
 def markdown(report: dict[str, Any]) -> Iterator[str]:
     v = report["verdict"]
-    yield (f"seed {report['seed']}, {report['faults']} faults in {report['seconds']:.0f} s "
-           f"(ZooKeeper session {report['session_timeout']} s)")
+    how = (f"understudy-cluster's manager, fencing after {report['fence_after']} s"
+           if report.get("coordinator") == "local" else f"ZooKeeper session {report['session_timeout']} s")
+    yield f"seed {report['seed']}, {report['faults']} faults in {report['seconds']:.0f} s ({how})"
     if report.get("primary_restarted_to_recover"):
         yield (f"{report['primary_restarted_to_recover']} killed primaries had to be restarted before the cluster "
                "recovered (no backup was ready with them: they had dropped their backups and settled alone)")

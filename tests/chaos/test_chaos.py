@@ -1,4 +1,5 @@
-"""The chaos run under pytest: a short seeded run in the default suite, ≥ 1000 faults with `-m soak`.
+"""The chaos run under pytest: short seeded runs in the default suite (ZooKeeper; understudy-cluster's manager),
+≥ 1000 faults with `-m soak`.
 
 UNDERSTUDY_CHAOS_SEED / UNDERSTUDY_CHAOS_FAULTS choose the run; the seed is printed and named in every failure, so
 `python -m tests.chaos --seed N --faults M` replays it."""
@@ -17,11 +18,12 @@ from tests.chaos.runner import Run, markdown
 pytestmark = pytest.mark.zookeeper
 
 
-def run(tmp_path: Path, faults: int) -> dict[str, object]:
+def run(tmp_path: Path, faults: int, coordinator: str = "zookeeper") -> dict[str, object]:
     seed = int(os.environ.get("UNDERSTUDY_CHAOS_SEED", random.randrange(1 << 30)))
     faults = int(os.environ.get("UNDERSTUDY_CHAOS_FAULTS", faults))
-    print(f"\nchaos: {faults} faults, seed {seed} (replay: python -m tests.chaos --seed {seed} --faults {faults})")
-    report = Run(seed, faults, tmp_path).execute()
+    print(f"\nchaos: {faults} faults, seed {seed} (replay: python -m tests.chaos --seed {seed} --faults {faults} "
+          f"--coordinator {coordinator})")
+    report = Run(seed, faults, tmp_path, coordinator=coordinator).execute()
     print("\n".join(markdown(report)))
     return report
 
@@ -40,10 +42,21 @@ def test_a_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert_exactly_once(run(tmp_path, 30))
 
 
+def test_a_short_chaos_run_under_understudy_clusters_manager_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """No coordinator in the brokers (as under Pacemaker): the manager promotes, fences silent primaries, restarts."""
+    assert_exactly_once(run(tmp_path, 12, "local"))
+
+
 @pytest.mark.soak
 @pytest.mark.timeout(3 * 3600)  # ~90 min on an idle machine; the suite's 300 s would stop it every time
 def test_a_thousand_faults_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     assert_exactly_once(run(tmp_path, 1000))
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3 * 3600)
+def test_a_thousand_faults_under_understudy_clusters_manager_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    assert_exactly_once(run(tmp_path, 1000, "local"))
 
 
 def test_the_checker_names_each_kind_of_anomaly() -> None:

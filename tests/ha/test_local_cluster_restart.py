@@ -1,32 +1,32 @@
 """understudy-cluster's manager after a whole-cluster outage: every broker SIGKILLed, restarted from its journal,
 the newest store promoted (ha.core.restart), nothing confirmed lost; an older store never wins, even when it is
-back first.
+back first. A primary that stops answering is fenced (killed) before a backup is promoted, and a primary with
+no backup ready confirms nothing (the manager's brokers run with `--ha-min-ready-backups 1`).
 
 The manager (ha.local_cluster.Manager) runs in the test process, turn by turn; the brokers are real processes."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from proton import Message, Timeout
 
 from broker.client import ManagementClient, ManagementError
 from ha.local_cluster import Manager, Member, make_members
-from tests.support.amqp import drain, mgmt
+from tests.support.amqp import connect, drain, mgmt
 from tests.support.bulk import fill
-from tests.support.cluster import free_ports
+from tests.support.cluster import free_port_run
 from tests.support.procs import read_events
 
 
 @pytest.fixture
 def members(tmp_path: Path) -> Iterator[list[Member]]:
-    base = free_ports(1)[0]
-    if base > 65000:
-        base -= 1000
-    ms = make_members(3, base, tmp_path, heartbeat=0.5, extra=["--ha-backup-timeout", "2"])
+    ms = make_members(3, free_port_run(3), tmp_path, heartbeat=0.5, extra=["--ha-backup-timeout", "2"])
     try:
         yield ms
     finally:
@@ -141,3 +141,47 @@ def test_a_dropped_backup_back_first_never_wins_and_catches_up(members: list[Mem
     assert winner is not dropped and not promoted(dropped)
     turn_until(mgr, lambda: all_up(mgr), 60, "the dropped backup caught up")
     assert sorted(drain(winner.url, "d")) == list(range(1, 1501))
+
+
+def test_a_primary_that_stops_answering_is_killed_before_a_backup_is_promoted_so_it_never_resumes_as_a_second_one(
+    members: list[Member],
+) -> None:
+    said: list[str] = []
+    mgr, primary = start_loaded(members, said)
+    mgr.fence_after = 2.0
+    stopped = primary.proc
+    assert stopped is not None
+    stopped.send_signal(signal.SIGSTOP)  # hung, as far as anyone can tell: alive and silent
+    try:
+        turn_until(mgr, lambda: any(state(m) == "active" for m in members if m is not primary), 60,
+                   "a backup promoted")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            stopped.send_signal(signal.SIGCONT)
+    time.sleep(1.0)  # had it lived, it would be running again by now
+    primaries = [m.name for m in members if (m.poll_status(2.0) or {}).get("role") == "primary"]
+    assert len(primaries) == 1 and primaries[0] != primary.name, primaries
+    assert any(f"{primary.name} (primary) did not answer for 2 s: killed it (fenced)" in s for s in said), said
+    assert stopped.returncode == -signal.SIGKILL
+    turn_until(mgr, lambda: all_up(mgr), 60, "the old primary back as a ready backup")
+    assert primary.status is not None and primary.status["role"] == "backup"
+    assert sorted(drain(next(m for m in members if state(m) == "active").url, "d")) == list(range(1, 1001))
+
+
+def test_a_primary_that_lost_every_backup_confirms_nothing_until_one_is_back(members: list[Member]) -> None:
+    """Confirmed alone, a message would be lost if a backup then took over (the chaos run found it)."""
+    said: list[str] = []
+    mgr, primary = start_loaded(members, said)
+    for m in members:
+        if m is not primary:
+            sigkill(m)  # the manager (not turning now) would restart them at once
+    conn = connect(primary.url)
+    try:
+        d = conn.create_sender("d").link.send(Message(body=1001, durable=True))
+        with pytest.raises(Timeout):
+            conn.wait(lambda: d.settled, timeout=4.0, msg="settlement")  # dropped after 2 s; then held
+        turn_until(mgr, lambda: all_up(mgr), 60, "the backups restarted and ready")
+        conn.wait(lambda: d.settled, timeout=10.0, msg="settlement")
+    finally:
+        conn.close()
+    assert sorted(drain(primary.url, "d")) == list(range(1, 1002))

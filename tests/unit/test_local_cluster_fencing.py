@@ -1,0 +1,117 @@
+"""understudy-cluster's manager fences a primary that lives but stops answering (ha.local_cluster.Manager): it
+waits `fence_after`, kills it, and only then promotes. The members are fakes: their answers are scripted and their
+processes stand-ins; the real thing is tests/ha/test_local_cluster_restart.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ha.local_cluster import Manager, Member
+
+
+class Proc:
+    """A stand-in for the broker's `subprocess.Popen`."""
+
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.returncode
+
+
+class Scripted(Member):
+    def __init__(self, name: str, answer: dict[str, Any] | None) -> None:
+        super().__init__(name, 1, Path("/nonexistent"), [])
+        self.answer = answer
+        self.proc = Proc()  # type: ignore[assignment]
+        self.starts = 0
+
+    def _ask(self, timeout: float) -> dict[str, Any] | None:
+        return self.answer
+
+    def _spawn(self) -> Any:
+        self.starts += 1
+        return Proc()
+
+
+def status(name: str, role: str, state: str, position: int = 10) -> dict[str, Any]:
+    return {"name": name, "role": role, "state": state, "epoch": 1, "position": position, "ready_view": None}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cluster() -> tuple[Manager, list[Scripted], Clock, list[str]]:
+    ms = [Scripted("b1", status("b1", "primary", "active")), Scripted("b2", status("b2", "backup", "ready", 10)),
+          Scripted("b3", status("b3", "backup", "ready", 9))]
+    clock = Clock()
+    mgr = Manager(list(ms), echo=False, clock=clock, fence_after=5.0)
+    said: list[str] = []
+    mgr.say = lambda text, once=False: said.append(text)  # type: ignore[method-assign]
+    promoted: list[str] = []
+    mgr._promote = lambda name, body: promoted.append(name)  # type: ignore[method-assign]
+    mgr.promoted = promoted  # type: ignore[attr-defined]
+    mgr.step()
+    return mgr, ms, clock, said
+
+
+def test_a_silent_primary_is_waited_for_then_killed_before_the_best_ready_backup_is_promoted() -> None:
+    mgr, (b1, *_), clock, said = cluster()
+    b1.answer = None  # stopped or hung: its process lives
+    for dt in (0.0, 2.0, 4.9):
+        clock.now = 100.0 + dt
+        mgr.step()
+        assert b1.alive and mgr.promoted == []  # type: ignore[attr-defined]
+    assert said[-1] == "b1 (primary) does not answer: killing it if it still does not after 5 s"
+    clock.now = 105.1
+    mgr.step()
+    assert not b1.alive and mgr.promoted == ["b2"]  # type: ignore[attr-defined]
+    assert "b1 (primary) did not answer for 5 s: killed it (fenced) before promoting another" in said
+
+
+def test_a_primary_that_answers_again_in_time_is_left_alone() -> None:
+    mgr, (b1, *_), clock, _ = cluster()
+    b1.answer, clock.now = None, 101.0
+    mgr.step()
+    b1.answer, clock.now = status("b1", "primary", "active"), 104.0
+    mgr.step()
+    b1.answer, clock.now = None, 108.0  # silent again: the wait starts over
+    mgr.step()
+    assert b1.alive and mgr.promoted == []  # type: ignore[attr-defined]
+
+
+def test_a_dead_primary_is_replaced_at_once_and_restarted() -> None:
+    mgr, (b1, *_), _, said = cluster()
+    b1.proc.kill()  # type: ignore[union-attr]
+    mgr.step()
+    assert mgr.promoted == ["b2"] and b1.starts == 0  # type: ignore[attr-defined]
+    assert not any("does not answer" in s for s in said)
+
+
+def test_a_restarted_broker_that_does_not_answer_yet_is_not_taken_for_a_primary() -> None:
+    """After its restart a former primary joins as a backup; while it starts (recovering its journal) it is
+    silent, and killing it then would restart it for ever."""
+    mgr, (b1, b2, _), clock, _ = cluster()
+    b1.proc.kill()  # type: ignore[union-attr]
+    mgr.step()
+    b2.answer = status("b2", "primary", "active")
+    mgr.step()  # restarts b1
+    assert b1.starts == 1
+    b1.answer = None
+    b2.answer = None  # now the new primary goes silent too
+    b2.proc.kill()  # type: ignore[union-attr]
+    clock.now = 200.0
+    mgr.step()
+    assert b1.alive and mgr.promoted == ["b2", "b3"]  # type: ignore[attr-defined]
