@@ -154,8 +154,10 @@ class Manager:
         """One turn: look at every member, promote if there is no primary, restart the dead."""
         for m in self.members:
             m.poll_status(timeout, self.clock())
-        if any(m.status and m.status["role"] == "primary" for m in self.members):
+        primaries = [m for m in self.members if m.status and m.status["role"] == "primary"]
+        if primaries:
             self.outage_since = None
+            self._demote_stale(primaries)
             self._restart_dead()
             return
         if not self._fenced():
@@ -188,6 +190,17 @@ class Manager:
         else:
             self.say(f"no primary: {d.describe()}", once=True)
 
+    def _demote_stale(self, primaries: list[Member]) -> None:
+        """Two primaries (a backup promoted by hand beside the live one): the older epoch steps down, as it would on
+        meeting a broker of the newer one (docs/replication.md), and rejoins as a backup."""
+        epochs = {m.name: int(m.status["epoch"]) for m in primaries if m.status}
+        top = max(epochs.values())
+        for m in primaries:
+            if epochs[m.name] < top:
+                newest = ", ".join(n for n, e in epochs.items() if e == top)
+                self.say(f"two primaries: demoting {m.name} (epoch {epochs[m.name]}); {newest} has epoch {top}")
+                self._request(m, "DEMOTE", {})
+
     def _fenced(self) -> bool:
         """No primary answers: False while one that still lives has been silent less than `fence_after` (wait: it
         may answer again); past that, SIGKILL it, so that nobody is promoted beside a primary that may resume."""
@@ -206,13 +219,17 @@ class Manager:
         return True
 
     def _promote(self, name: str, body: dict[str, Any]) -> None:
-        target = next(m for m in self.members if m.name == name)
+        self._request(next(m for m in self.members if m.name == name), "PROMOTE", body)
+
+    def _request(self, target: Member, op: str, body: dict[str, Any]) -> None:
+        what = {"PROMOTE": "promotion", "DEMOTE": "demotion"}[op]
         try:
             with ManagementClient(target.url, timeout=5) as c:
-                r = c.request("PROMOTE", P.MGMT_TYPE, body=body)
-            self.say(f"promoted {name}: {r.description}" if r.ok else f"promotion of {name} refused: {r.description}")
+                r = c.request(op, P.MGMT_TYPE, body=body)
+            self.say(f"{op.lower()}d {target.name}: {r.description}" if r.ok
+                     else f"{what} of {target.name} refused: {r.description}")
         except ManagementError as e:
-            self.say(f"promotion of {name} failed: {e}")
+            self.say(f"{what} of {target.name} failed: {e}")
 
     def _restart_dead(self) -> None:
         for m in self.members:

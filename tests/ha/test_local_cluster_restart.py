@@ -1,7 +1,8 @@
 """understudy-cluster's manager after a whole-cluster outage: every broker SIGKILLed, restarted from its journal,
 the newest store promoted (ha.core.restart), nothing confirmed lost; an older store never wins, even when it is
 back first. A primary that stops answering is fenced (killed) before a backup is promoted, and a primary with
-no backup ready confirms nothing (the manager's brokers run with `--ha-min-ready-backups 1`).
+no backup ready confirms nothing (the manager's brokers run with `--ha-min-ready-backups 1`), and of two primaries
+the older one steps down.
 
 The manager (ha.local_cluster.Manager) runs in the test process, turn by turn; the brokers are real processes."""
 
@@ -185,3 +186,18 @@ def test_a_primary_that_lost_every_backup_confirms_nothing_until_one_is_back(mem
     finally:
         conn.close()
     assert sorted(drain(primary.url, "d")) == list(range(1, 1002))
+
+
+def test_a_backup_promoted_by_hand_beside_the_primary_leaves_one_primary_and_nothing_lost(
+    members: list[Member],
+) -> None:
+    said: list[str] = []
+    mgr, primary = start_loaded(members, said)
+    other = next(m for m in members if m is not primary)
+    with mgmt(other.url) as c:
+        assert c.request("PROMOTE", "ha-broker").ok  # an operator's mistake: the old primary still lives
+    turn_until(mgr, lambda: state(primary) != "active" and state(other) == "active", 30, "the old primary demoted")
+    assert any(f"two primaries: demoting {primary.name} (epoch 1); {other.name} has epoch 2" in s for s in said), said
+    turn_until(mgr, lambda: all_up(mgr), 60, "one primary and two ready backups")
+    assert primary.status is not None and primary.status["role"] == "backup"
+    assert sorted(drain(other.url, "d")) == list(range(1, 1001))

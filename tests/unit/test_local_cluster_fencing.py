@@ -41,8 +41,8 @@ class Scripted(Member):
         return Proc()
 
 
-def status(name: str, role: str, state: str, position: int = 10) -> dict[str, Any]:
-    return {"name": name, "role": role, "state": state, "epoch": 1, "position": position, "ready_view": None}
+def status(name: str, role: str, state: str, position: int = 10, epoch: int = 1) -> dict[str, Any]:
+    return {"name": name, "role": role, "state": state, "epoch": epoch, "position": position, "ready_view": None}
 
 
 class Clock:
@@ -63,6 +63,9 @@ def cluster() -> tuple[Manager, list[Scripted], Clock, list[str]]:
     promoted: list[str] = []
     mgr._promote = lambda name, body: promoted.append(name)  # type: ignore[method-assign]
     mgr.promoted = promoted  # type: ignore[attr-defined]
+    requests: list[tuple[str, str]] = []
+    mgr._request = lambda m, op, body: requests.append((op, m.name))  # type: ignore[method-assign]
+    mgr.requests = requests  # type: ignore[attr-defined]
     mgr.step()
     return mgr, ms, clock, said
 
@@ -115,3 +118,14 @@ def test_a_restarted_broker_that_does_not_answer_yet_is_not_taken_for_a_primary(
     clock.now = 200.0
     mgr.step()
     assert b1.alive and mgr.promoted == ["b2", "b3"]  # type: ignore[attr-defined]
+
+
+def test_of_two_primaries_the_older_epoch_is_demoted() -> None:
+    mgr, (b1, b2, _), _, said = cluster()
+    b2.answer = status("b2", "primary", "active", epoch=2)  # promoted by hand beside b1
+    mgr.step()
+    assert mgr.requests == [("DEMOTE", "b1")]  # type: ignore[attr-defined]
+    assert said[-1] == "two primaries: demoting b1 (epoch 1); b2 has epoch 2"
+    b1.answer = status("b1", "primary", "active", epoch=2)  # the same epoch: nobody to prefer, nobody demoted
+    mgr.step()
+    assert mgr.requests == [("DEMOTE", "b1")] and mgr.promoted == []  # type: ignore[attr-defined]
