@@ -44,7 +44,7 @@ def test_a_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
 
 def test_a_short_chaos_run_under_understudy_clusters_manager_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     """No coordinator in the brokers (as under Pacemaker): the manager promotes, fences silent primaries, restarts."""
-    assert_exactly_once(run(tmp_path, 12, "local"))
+    assert_exactly_once(run(tmp_path, 8, "local"))
 
 
 @pytest.mark.soak
