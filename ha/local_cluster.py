@@ -133,9 +133,11 @@ def standing_of(status: dict[str, Any]) -> Standing:
 
 class Manager:
     def __init__(self, members: list[Member], echo: bool = True, restart_wait: float = RESTART_WAIT,
-                 clock: Callable[[], float] = time.monotonic, fence_after: float = FENCE_AFTER) -> None:
+                 clock: Callable[[], float] = time.monotonic, fence_after: float = FENCE_AFTER,
+                 out: Callable[[str], None] = lambda line: click.echo(line, err=True)) -> None:
         self.members = members
         self.echo = echo
+        self.out = out  # where `say` writes its lines (stderr; the chaos run's log)
         self.restart_wait = restart_wait
         self.clock = clock
         self.fence_after = fence_after
@@ -148,7 +150,7 @@ class Manager:
             return
         self._said = text
         if self.echo:
-            click.echo(f"[manager] {text}", err=True)
+            self.out(f"[manager] {text}")
 
     def step(self, timeout: float = 1.0) -> None:
         """One turn: look at every member, promote if there is no primary, restart the dead."""

@@ -58,15 +58,7 @@ class LocalCluster:
     def __init__(self, workdir: Path, heartbeat: float, fence_after: float, log: Callable[[str], None]) -> None:
         self.brokers: list[Member] = make_members(3, free_port_run(3), workdir, heartbeat,
                                                   extra=["--ha-backup-timeout", "2"])
-        self.manager = Manager(self.brokers, echo=False, fence_after=fence_after)
-        said: list[str] = []
-
-        def say(text: str, once: bool = False) -> None:
-            if not (once and said and said[-1] == text):
-                log(f"[manager] {text}")
-            said[:] = [text]
-
-        self.manager.say = say  # type: ignore[method-assign]
+        self.manager = Manager(self.brokers, fence_after=fence_after, out=log)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._turn, name="manager", daemon=True)
 
@@ -84,11 +76,7 @@ class LocalCluster:
         if self._thread.is_alive():
             self._thread.join(30)
         for m in self.brokers:
-            if m.alive:
-                assert m.proc is not None
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(m.proc.pid, signal.SIGCONT)
-            m.kill()
+            m.kill()  # (stopped ones too)
 
     def kill_all_at_once(self) -> None:
         procs = [m.proc for m in self.brokers if m.alive and m.proc is not None]
@@ -230,19 +218,10 @@ class Run:
         t0 = time.monotonic()
         what = f"fault {f.index} {f.kind.value} (seed {self.seed})"
         confirm: float | None = None
-        if f.kind is Kind.KILL_PRIMARY and self.local:
-            c[p].kill()  # the manager promotes a ready backup and restarts this one as a backup
-        elif f.kind is Kind.KILL_PRIMARY:
+        if f.kind is Kind.KILL_PRIMARY:
             c[p].kill()
-            try:  # the others take over: it comes back as a backup
-                confirm = self._confirming(t0, what, timeout=2 * self.session + SUPERVISOR_DELAY)
-                c[p].start()
-            except ChaosError:
-                # Nobody else may take over (no backup was ready with it: it had dropped them and settled alone).
-                # A supervisor (Pacemaker, systemd, understudy-cluster) restarts it; its store is the newest.
-                self.supervised += 1
-                c[p].start()
-                confirm = self._confirming(t0, what)
+            if not self.local:  # (local: the manager promotes a ready backup and restarts this one as a backup)
+                confirm = self._restart_killed_primary(p, t0, what)
         elif f.kind is Kind.STOP_PRIMARY:
             self._pause(c[p], f.duration)
         elif f.kind is Kind.KILL_BACKUP:
@@ -260,16 +239,14 @@ class Run:
             self.zk.stop()
             time.sleep(f.duration)
             self.zk.start()
-        elif f.kind is Kind.KILL_ALL and self.local:
-            c.kill_all_at_once()  # the manager restarts them all and promotes the newest store
         elif f.kind is Kind.KILL_ALL:
-            assert isinstance(c, Cluster)
             c.kill_all_at_once()
-            order = random.Random(f.pick).sample(range(len(c.brokers)), len(c.brokers))
-            for i in order:
-                c[i].start(wait=False)
-            for b in c.brokers:
-                b.wait_started()
+            if isinstance(c, Cluster):  # (local: the manager restarts them all and promotes the newest store)
+                order = random.Random(f.pick).sample(range(len(c.brokers)), len(c.brokers))
+                for i in order:
+                    c[i].start(wait=False)
+                for b in c.brokers:
+                    b.wait_started()
         if confirm is None:
             confirm = self._confirming(t0, what)
         whole = self._wait_whole(what) - t0
@@ -280,6 +257,19 @@ class Run:
                           "all" if f.kind is Kind.KILL_ALL else c[p if "primary" in f.kind.value else backup].name,
                           "confirming_after": round(confirm, 3), "whole_after": round(whole, 3)})
         self.log(f"{what}: confirming after {confirm:.2f}s, whole after {whole:.2f}s")
+
+    def _restart_killed_primary(self, p: int, t0: float, what: str) -> float:
+        c = self.cluster
+        try:  # the others take over: it comes back as a backup
+            confirm = self._confirming(t0, what, timeout=2 * self.session + SUPERVISOR_DELAY)
+            c[p].start()
+        except ChaosError:
+            # Nobody else may take over (no backup was ready with it: it had dropped them and settled alone).
+            # A supervisor (Pacemaker, systemd, understudy-cluster) restarts it; its store is the newest.
+            self.supervised += 1
+            c[p].start()
+            confirm = self._confirming(t0, what)
+        return confirm
 
     @staticmethod
     def _pause(b: BrokerProcess | Member, seconds: float) -> None:
