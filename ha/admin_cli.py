@@ -121,12 +121,43 @@ def query(obj: Ctx) -> None:
     click.echo(json.dumps(obj.call("STATUS"), sort_keys=True))
 
 
+def _answering_primary(obj: Ctx, st: dict[str, Any]) -> tuple[str, str, Any] | None:
+    """The primary a ready backup follows, as (name, address, epoch), if it answers as primary now. Asked of the
+    primary itself: a backup still names a primary killed a moment ago until it notices the reset. A primary that
+    does not answer (down, frozen, unreachable from here, refusing these credentials) is not reported."""
+    name = st.get("primary")
+    if st.get("state") != "ready" or not isinstance(name, str) or not name:
+        return None
+    address = next((m.get("address") for m in st.get("members", []) if m.get("name") == name), None)
+    if not isinstance(address, str) or not address:
+        return None
+    try:
+        with ManagementClient(address, min(obj.timeout, 2.0), obj.user, obj.password,
+                              ssl_domain=cli_tls.domain(obj.tls)) as c:
+            r = c.request("STATUS", P.MGMT_TYPE)
+    except ManagementError:
+        return None
+    body = r.body if r.ok and isinstance(r.body, dict) else {}
+    return (name, address, body.get("epoch")) if body.get("role") == "primary" else None
+
+
 @cli.command()
 @click.option("--force", is_flag=True, help="promote even from joining/catchup (may lose acknowledged messages)")
 @click.option("--epoch", type=int, default=None, help="epoch to take (from an external coordinator)")
+@click.option("--beside-live-primary", is_flag=True,
+              help="promote even though the backup's primary answers (two primaries until one steps down)")
 @click.pass_obj
-def promote(obj: Ctx, force: bool, epoch: int | None) -> None:
-    """Promote a ready backup to primary."""
+def promote(obj: Ctx, force: bool, epoch: int | None, beside_live_primary: bool) -> None:
+    """Promote a ready backup to primary. Refused (exit 1) while the primary it follows answers: stop or demote
+    that one first."""
+    if not (force or beside_live_primary):
+        live = _answering_primary(obj, obj.call("STATUS"))
+        if live is not None:
+            name, address, their_epoch = live
+            fail(f"{obj.target} follows primary {name} at {address}, which answers as primary (epoch "
+                 f"{their_epoch}): promoting it would leave two primaries, and what {name} confirmed meanwhile "
+                 f"would be lost. Demote or stop {name} first (ha-admin --broker {address} demote), or pass "
+                 "--beside-live-primary if it is being fenced")
     if force:
         click.echo("ha-admin: WARNING: forced promotion: messages acknowledged by the old primary may be lost",
                    err=True)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from proton import Message
+from proton import Condition, Endpoint, Message
 
 from broker.connections import ConnectionState
 from broker.errors import LinkError, Refusal
@@ -177,6 +177,20 @@ class Primary:
             store.when_synced(lambda: _release_all(released))
         else:
             _release_all(released)
+
+    def status_link_gone(self, b: RemoteBackup) -> None:
+        """A backup holds `$ha.status` as long as its connection. One whose link went alone (a bug on either side,
+        a peer of another release) would never confirm another member list, and the first ready backup dropped
+        after it would hold every settlement for good (`view_fence_open`): drop it and close its connection, so
+        that it connects again and catches up. Nothing to do when the whole connection is going."""
+        st = b.conn
+        if self.backups.get(b.name) is not b or st.connection._impl not in self.server.connections.conns:
+            return
+        self._drop_backup(b, "its $ha.status link was detached")
+        c = st.connection
+        if c.state & Endpoint.LOCAL_ACTIVE:
+            c.condition = Condition("amqp:connection:forced", "the $ha.status link was detached: connect again")
+            c.close()
 
     def _replicated_queue_names(self) -> list[str]:
         default = self.node.default_level

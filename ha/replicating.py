@@ -83,6 +83,8 @@ class PrimarySide(Protocol):
 
     def check_ready(self, b: RemoteBackup) -> None: ...
 
+    def status_link_gone(self, b: RemoteBackup) -> None: ...
+
 
 class QueueWatch:
     """One per queue on the primary: collects what a pass enqueued and dequeued, and hands it over at the end of
@@ -614,5 +616,6 @@ class StatusLink(LinkHandler):
 
     def on_detached(self) -> None:
         self.primary.status_links.discard(self)
+        self.primary.status_link_gone(self.backup)
 
 

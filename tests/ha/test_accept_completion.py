@@ -19,9 +19,10 @@ from proton import Delivery, Message, Timeout
 
 from ha.core.epoch import best_candidate
 from ha.local_cluster import rank_of
-from tests.support.amqp import SettleSecond, connect, mgmt
+from tests.support.amqp import SettleSecond, connect, mgmt, send
 from tests.support.cluster import Cluster
 from tests.support.procs import wait_for
+from tests.support.status_plugin import TYPE as STATUS_PLUGIN
 
 Make = Callable[..., Cluster]
 _names = itertools.count()
@@ -211,3 +212,30 @@ def test_a_dropped_ready_backup_is_ranked_below_the_one_that_holds_the_newer_lis
     c.promote(2)
     c.wait_state(2, "recovering", "active")
     assert _bodies(c[2].url, "rank") == [3, 4]
+
+
+def test_a_backup_whose_status_link_goes_alone_is_dropped_and_rejoins_so_a_later_drop_holds_nothing_for_good(
+        cluster: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The member lists a ready backup confirms come on its `$ha.status` link. If that link went and the backup
+    stayed (a bug, a peer of another release), it would never confirm the list without the next backup dropped,
+    and every settlement would be held from then on. The primary drops it instead; it connects again."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # b3 imports tests.support
+    c = cluster(3, "--plugin", "tests.support.status_plugin:install")
+    c.start_with_primary(0)
+    conn = _filled(c, "sl", 3)
+    conn.close()
+    with mgmt(c[2].url) as m:
+        m.call("DETACH", STATUS_PLUGIN, None, {})
+
+    def lost() -> list[dict[str, Any]]:
+        return [e for e in c[0].events() if e["event"] == "ha.backup.lost" and e.get("backup") == "b3"]
+
+    assert [e["reason"] for e in wait_for(lost, 10, 0.1, what="b3 dropped")] == ["its $ha.status link was detached"]
+    wait_for(lambda: {m["name"]: m["state"] for m in Cluster.status(c[0])["members"]}.get("b3") == "ready", 20, 0.1,
+             what="b3 back and ready")
+    c[1].kill()  # a ready backup dropped: nothing is settled until b3 confirms the list without b2
+    send(c[0].url, "sl", [3, 4], timeout=15.0)
+    c[0].kill()
+    c.promote(2)
+    c.wait_state(2, "recovering", "active")
+    assert _bodies(c[2].url, "sl") == [0, 1, 2, 3, 4]

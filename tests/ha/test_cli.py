@@ -67,6 +67,18 @@ def test_demote_returns_primary_to_backup_and_another_can_take_over(cluster: Mak
     assert Cluster.status(c[0])["epoch"] == 2
 
 
+def test_promoting_a_backup_whose_primary_answers_is_refused_unless_asked_for_by_name(cluster: Make) -> None:
+    c = cluster(2)
+    c.start_with_primary(0)
+    r = run("ha-admin", "--broker", c[1].url, "promote")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "follows primary b1" in r.stderr and "two primaries" in r.stderr and "demote" in r.stderr
+    assert Cluster.status(c[1])["state"] == "ready" and Cluster.status(c[0])["state"] == "active"
+    r = run("ha-admin", "--broker", c[1].url, "promote", "--beside-live-primary")
+    assert r.returncode == 0, r.stderr
+    assert Cluster.status(c[1])["epoch"] == 2
+
+
 def test_understudy_cluster_starts_a_working_local_cluster(tmp_path: Path) -> None:
     base = free_port_run(3)
     r = run("understudy-cluster", "--data-dir", str(tmp_path), "--base-port", str(base), "--once", timeout=120)
