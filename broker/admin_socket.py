@@ -246,7 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == METRICS_PATH:
             self._send(200, *self.server.admin.metrics())
         elif self.path == MANAGEMENT_PATH:
-            self._reply(Response(405, f"{MANAGEMENT_PATH} takes POST"), close=False)
+            self._bad(405, f"{MANAGEMENT_PATH} takes POST")
         else:
             self._not_found()
 

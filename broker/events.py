@@ -214,7 +214,7 @@ _EVENTS: tuple[Event, ...] = (
     # ----- broker ---------------------------------------------------------------------------------------------
     Event("broker.started", _INFO, _B, "listener is open",
           (U("address", "host:port listened on"), U("version"), U("ha_cluster"), U("data_dir"))),
-    Event("broker.stopping", _INFO, _B, "shutdown begins", (U("reason", "`sigterm`, `sigint`, `error`"),)),
+    Event("broker.stopping", _INFO, _B, "shutdown begins", (U("reason", "`sigterm`, `sigint`"),)),
     Event("broker.stopped", _INFO, _B, "shutdown complete"),
     Event("broker.log.reopened", _INFO, _B, "the log file was reopened after SIGHUP (logrotate); first line of the "
           "new file", (U("path"),)),
@@ -384,7 +384,9 @@ _EVENTS: tuple[Event, ...] = (
     Event("ha.backup.acks", _INFO, _H, "(primary) a backup attached its acknowledgement link",
           (U("backup"), U("mode"))),
     Event("ha.backup.lost", _WARN, _H, "(primary) a backup was dropped; its guards released",
-          (U("backup"), U("address"), U("reason", "`disconnected`, `heartbeat`, `error`"), U("released"))),
+          (U("backup"), U("address"),
+           U("reason", "`disconnected`, `heartbeat`, `replaced by a new connection`, `its $ha.status link was detached`"),
+           U("released"))),
     Event("ha.view.confirmed", _INFO, _H, "(primary, without a coordinator) every ready backup holds the member "
           "list without the ready backup dropped last: the settlements held for it go out (docs/replication.md)",
           (U("seq", "the member list's number (Membership.seq)"), U("names", "the ready backups"),

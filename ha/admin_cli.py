@@ -124,7 +124,8 @@ def query(obj: Ctx) -> None:
 def _answering_primary(obj: Ctx, st: dict[str, Any]) -> tuple[str, str, Any] | None:
     """The primary a ready backup follows, as (name, address, epoch), if it answers as primary now. Asked of the
     primary itself: a backup still names a primary killed a moment ago until it notices the reset. A primary that
-    does not answer (down, frozen, unreachable from here, refusing these credentials) is not reported."""
+    does not answer (down, frozen, unreachable from here, refusing these credentials) is not reported: a warning
+    says why it could not be asked."""
     name = st.get("primary")
     if st.get("state") != "ready" or not isinstance(name, str) or not name:
         return None
@@ -135,7 +136,8 @@ def _answering_primary(obj: Ctx, st: dict[str, Any]) -> tuple[str, str, Any] | N
         with ManagementClient(address, min(obj.timeout, 2.0), obj.user, obj.password,
                               ssl_domain=cli_tls.domain(obj.tls)) as c:
             r = c.request("STATUS", P.MGMT_TYPE)
-    except ManagementError:
+    except ManagementError as e:
+        click.echo(f"ha-admin: warning: could not ask {name} whether it is still primary ({e}); promoting", err=True)
         return None
     body = r.body if r.ok and isinstance(r.body, dict) else {}
     return (name, address, body.get("epoch")) if body.get("role") == "primary" else None

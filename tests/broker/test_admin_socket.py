@@ -140,6 +140,7 @@ def test_health_metrics_wrong_paths_methods_and_non_http_get_answers(brokers: Br
     assert request(sock_path(b), "READ", "broker", "broker").status == 200  # and it serves on
     reasons = [e["reason"] for e in b.events() if e.get("event") == "admin_socket.bad_request"]
     assert any("/nope" in r for r in reasons) and any("Content-Length" in r for r in reasons)
+    assert any("takes POST" in r for r in reasons)
 
 
 def test_sigterm_removes_the_socket_and_a_stale_one_is_replaced(brokers: BrokerFactory) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.cluster import Cluster, free_port_run, free_ports
-from tests.support.procs import BIN, BrokerFactory
+from tests.support.procs import BIN, BrokerFactory, wait_for
 
 Make = Callable[..., Cluster]
 
@@ -67,16 +67,23 @@ def test_demote_returns_primary_to_backup_and_another_can_take_over(cluster: Mak
     assert Cluster.status(c[0])["epoch"] == 2
 
 
-def test_promoting_a_backup_whose_primary_answers_is_refused_unless_asked_for_by_name(cluster: Make) -> None:
-    c = cluster(2)
+def test_promoting_a_backup_whose_primary_answers_is_refused_unless_it_is_gone_or_asked_for_by_name(
+        cluster: Make) -> None:
+    c = cluster(3)
     c.start_with_primary(0)
     r = run("ha-admin", "--broker", c[1].url, "promote")
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "follows primary b1" in r.stderr and "two primaries" in r.stderr and "demote" in r.stderr
     assert Cluster.status(c[1])["state"] == "ready" and Cluster.status(c[0])["state"] == "active"
-    r = run("ha-admin", "--broker", c[1].url, "promote", "--beside-live-primary")
+    c[0].kill()  # at once: b2 may still name it, but it no longer answers
+    r = run("ha-admin", "--broker", c[1].url, "promote")
     assert r.returncode == 0, r.stderr
-    assert Cluster.status(c[1])["epoch"] == 2
+    c.wait_state(1, "active")
+    wait_for(lambda: Cluster.status(c[2])["primary"] == "b2" and Cluster.status(c[2])["state"] == "ready", 20, 0.1,
+             what="b3 ready with b2")
+    r = run("ha-admin", "--broker", c[2].url, "promote", "--beside-live-primary")
+    assert r.returncode == 0, r.stderr
+    assert Cluster.status(c[2])["epoch"] == 3
 
 
 def test_understudy_cluster_starts_a_working_local_cluster(tmp_path: Path) -> None:
