@@ -127,8 +127,8 @@ def _answering_primary(obj: Ctx, st: dict[str, Any]) -> tuple[str, str, Any] | N
     does not answer (down, frozen, unreachable from here, refusing these credentials) is not reported: a warning
     says why it could not be asked."""
     name = st.get("primary")
-    if st.get("state") != "ready" or not isinstance(name, str) or not name:
-        return None
+    if st.get("state") != "ready" or st.get("coordinator") == "zookeeper" or not isinstance(name, str) or not name:
+        return None  # (under ZooKeeper the broker itself refuses: its election promotes)
     address = next((m.get("address") for m in st.get("members", []) if m.get("name") == name), None)
     if not isinstance(address, str) or not address:
         return None

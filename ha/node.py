@@ -357,6 +357,7 @@ class HaNode(Extension):
             "primary": self.backup.primary_name if self.backup and self.backup.connected else (
                 self.server.id if self.primary else None),
             "default_level": self.default_level,
+            "coordinator": self.config.ha_coordinator.value,  # who promotes: external (ha-admin, Pacemaker, ...) or zookeeper
             "recovered": self.recovered_standing(),
             "ready_epoch": self.ready_epoch,
             "ready_view": self.ready_view.to_json() if self.ready_view is not None else None,

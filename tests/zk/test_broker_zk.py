@@ -91,6 +91,8 @@ def check_history(c: Cluster) -> None:
 def test_new_cluster_forms_by_itself_and_failover_is_fast(zk: ZkTest, brokers: BrokerFactory) -> None:
     c = zk_cluster(brokers, zk)
     p = start_ready(c)
+    r = Cluster.admin(c[(p + 1) % 3], "promote")  # by hand: ZooKeeper's election promotes here, and says so
+    assert r.returncode == 1 and "decided by ZooKeeper" in r.stderr, r.stderr
     with mgmt(c[p].url) as m:
         m.call("CREATE", "queue", "q", {})
     conn = connect(c[p].url)
