@@ -90,6 +90,20 @@ class Connections:
     def states(self) -> list[ConnectionState]:
         return list(self.conns.values())
 
+    def is_open(self, st: ConnectionState) -> bool:
+        """Whether this connection is still served: its peer has not closed it and its socket is up."""
+        return self.conns.get(st.connection._impl) is st
+
+    @staticmethod
+    def close(st: ConnectionState, condition: str, description: str) -> bool:
+        """Close one accepted connection with an error condition; False when it is closing already."""
+        c = st.connection
+        if not c.state & Endpoint.LOCAL_ACTIVE:
+            return False
+        c.condition = Condition(condition, description)
+        c.close()
+        return True
+
     def accepted(self, conn: Conn) -> Connections:
         """A new socket: set up SASL before the first byte is read. This server handles its events."""
         sasl = conn.transport.sasl()
@@ -271,11 +285,7 @@ class Connections:
                 continue
             for h in list(st.links):
                 self.close_link(h.link, condition, description)
-            c = st.connection
-            if c.state & Endpoint.LOCAL_ACTIVE:
-                c.condition = Condition(condition, description)
-                c.close()
-                n += 1
+            n += self.close(st, condition, description)
         return n
 
     def _refuse_link(self, link: Link, st: ConnectionState, condition: str, description: str,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from proton import Condition, Endpoint
+from proton import Endpoint
 
 from broker.exchange import BindingKey, parse_binding_name
 from broker.links import ConsumerLink, EventsLink, LinkHandler, PublisherLink
@@ -398,14 +398,12 @@ class BrokerOperations:
         st = next((s for s in self.server.connections.states() if s.id == ident), None)
         if st is None:
             raise NotFound(f"connection {ident} not found")
-        c = st.connection
-        if not c.state & Endpoint.LOCAL_ACTIVE:
+        if not st.connection.state & Endpoint.LOCAL_ACTIVE:
             raise Conflict(f"connection {ident} is already closing")
         row = connection_read(st)
         for h in list(st.links):  # now, not when the peer answers: what its consumers held goes back at once
             self.server.connections.link_gone(h.link)
-        c.condition = Condition("amqp:connection:forced", f"closed by an operator (management, user {req.user})")
-        c.close()
+        self.server.connections.close(st, "amqp:connection:forced", f"closed by an operator (management, user {req.user})")
         log.warning("connection.closed_by_operator", connection=ident, remote=st.remote, kind=st.kind,
                     user=req.user)  # the operator's user; the connection's own is in its connection.opened
         return Response(200, f"connection {ident} ({st.remote}, {st.kind}) closed", row)

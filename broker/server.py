@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from proton import Condition, Endpoint, SSLDomain
+from proton import Endpoint, SSLDomain
 
 from broker import __version__
 from broker.access import Access
@@ -201,10 +201,7 @@ class Server:
             ext.stopping()
         self.engine.close_listeners()
         for st in self.connections.states():
-            c = st.connection
-            if c.state & Endpoint.LOCAL_ACTIVE:
-                c.condition = Condition("amqp:connection:forced", f"broker shutting down ({reason})")
-                c.close()
+            self.connections.close(st, "amqp:connection:forced", f"broker shutting down ({reason})")
         for conn in list(self.engine.conns.values()):  # outgoing ones (a backup's link to its primary)
             if conn.connection.state & Endpoint.LOCAL_ACTIVE:
                 conn.connection.close()

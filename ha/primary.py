@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from proton import Condition, Endpoint, Message
+from proton import Message
 
 from broker.connections import ConnectionState
 from broker.errors import LinkError, Refusal
@@ -183,14 +183,11 @@ class Primary:
         a peer of another release) would never confirm another member list, and the first ready backup dropped
         after it would hold every settlement for good (`view_fence_open`): drop it and close its connection, so
         that it connects again and catches up. Nothing to do when the whole connection is going."""
-        st = b.conn
-        if self.backups.get(b.name) is not b or st.connection._impl not in self.server.connections.conns:
+        conns = self.server.connections
+        if self.backups.get(b.name) is not b or not conns.is_open(b.conn):
             return
         self._drop_backup(b, "its $ha.status link was detached")
-        c = st.connection
-        if c.state & Endpoint.LOCAL_ACTIVE:
-            c.condition = Condition("amqp:connection:forced", "the $ha.status link was detached: connect again")
-            c.close()
+        conns.close(b.conn, "amqp:connection:forced", "the $ha.status link was detached: connect again")
 
     def _replicated_queue_names(self) -> list[str]:
         default = self.node.default_level
