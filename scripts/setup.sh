@@ -10,7 +10,8 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # Debian packages. The runtime set builds qpid-proton with Cyrus SASL (PLAIN with a users file).
 RUNTIME_DEBS=(gcc python3-dev python3-venv libsasl2-dev sasl2-bin libsasl2-modules libssl-dev pkg-config)
 TEST_DEBS=(pacemaker corosync pcs resource-agents pacemaker-cli-utils libxml2-utils zookeeper
-           iproute2 iptables iputils-ping iputils-arping procps psmisc chromium)
+           iproute2 iptables iputils-ping iputils-arping procps psmisc chromium
+           libqpid-proton11-dev libqpid-proton11-dev-examples)  # the bench's C load generator and its tests
 NO_RECOMMENDS_DEBS=(vagrant)
 
 need_debs() {
