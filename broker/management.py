@@ -403,7 +403,8 @@ class BrokerOperations:
         row = connection_read(st)
         for h in list(st.links):  # now, not when the peer answers: what its consumers held goes back at once
             self.server.connections.link_gone(h.link)
-        self.server.connections.close(st, "amqp:connection:forced", f"closed by an operator (management, user {req.user})")
+        self.server.connections.close(st, "amqp:connection:forced",
+                                      f"closed by an operator (management, user {req.user})")
         log.warning("connection.closed_by_operator", connection=ident, remote=st.remote, kind=st.kind,
                     user=req.user)  # the operator's user; the connection's own is in its connection.opened
         return Response(200, f"connection {ident} ({st.remote}, {st.kind}) closed", row)
