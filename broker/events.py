@@ -385,7 +385,8 @@ _EVENTS: tuple[Event, ...] = (
           (U("backup"), U("mode"))),
     Event("ha.backup.lost", _WARN, _H, "(primary) a backup was dropped; its guards released",
           (U("backup"), U("address"),
-           U("reason", "`disconnected`, `heartbeat`, `replaced by a new connection`, `its $ha.status link was detached`"),
+           U("reason", "`disconnected`, `heartbeat`, `replaced by a new connection`, `its $ha.status link was detached`, "
+                       "`its replication link for queue 'NAME' was not attached again in 5 s`"),
            U("released"))),
     Event("ha.view.confirmed", _INFO, _H, "(primary, without a coordinator) every ready backup holds the member "
           "list without the ready backup dropped last: the settlements held for it go out (docs/replication.md)",

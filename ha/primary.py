@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 log = get_logger("ha.primary")
 _tags = itertools.count(1)
+# Seconds a backup has to attach a queue's replication link again after detaching it alone (ours does in 0.5 s,
+# after refusing a batch); the queue's settlements wait for it meanwhile.
+REATTACH_GRACE = 5.0
 
 class Primary:
     def __init__(self, node: NodeSide, expected: Iterable[str], previous_epoch: int) -> None:
@@ -188,6 +191,25 @@ class Primary:
             return
         self._drop_backup(b, "its $ha.status link was detached")
         conns.close(b.conn, "amqp:connection:forced", "the $ha.status link was detached: connect again")
+
+    def replication_link_gone(self, b: RemoteBackup, name: str) -> None:
+        """A backup's replication link for queue `name` detached while its connection stayed. Settlements of the
+        queue wait for its acknowledgements (the guards) until it attaches again; one that never does (a bug, a
+        peer of another release) would hold them for as long as its connection lives. Give it REATTACH_GRACE
+        seconds, then drop it and close its connection, so that it connects again and catches up."""
+        if self.backups.get(b.name) is b and self.server.connections.is_open(b.conn):
+            self.server.schedule(REATTACH_GRACE, lambda: self._reattach_due(b, name))
+
+    def _reattach_due(self, b: RemoteBackup, name: str) -> None:
+        conns = self.server.connections
+        if self.backups.get(b.name) is not b or not conns.is_open(b.conn) or name in b.senders:
+            return
+        q = self.server.wiring.queues.get(name)
+        if q is None or q.deleted or not self.replicated(q):
+            return
+        self._drop_backup(b, f"its replication link for queue {name!r} was not attached again in {REATTACH_GRACE:g} s")
+        conns.close(b.conn, "amqp:connection:forced",
+                    f"the replication link for queue {name!r} was detached and not attached again: connect again")
 
     def _replicated_queue_names(self) -> list[str]:
         default = self.node.default_level

@@ -85,6 +85,8 @@ class PrimarySide(Protocol):
 
     def status_link_gone(self, b: RemoteBackup) -> None: ...
 
+    def replication_link_gone(self, b: RemoteBackup, name: str) -> None: ...
+
 
 class QueueWatch:
     """One per queue on the primary: collects what a pass enqueued and dequeued, and hands it over at the end of
@@ -527,6 +529,7 @@ class ReplicatingSender(LinkHandler):
             del w.senders[self.backup.name]
         if self.backup.senders.get(self.queue.name) is self:
             del self.backup.senders[self.queue.name]
+            self.primary.replication_link_gone(self.backup, self.queue.name)
 
 
 def _answer(tokens: list[AcceptToken]) -> None:

@@ -239,3 +239,29 @@ def test_a_backup_whose_status_link_goes_alone_is_dropped_and_rejoins_so_a_later
     c.promote(2)
     c.wait_state(2, "recovering", "active")
     assert _bodies(c[2].url, "sl") == [0, 1, 2, 3, 4]
+
+
+def test_a_backup_that_never_attaches_a_queues_replication_link_again_is_dropped_and_rejoins(
+        cluster: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publishes to a replicated queue wait for each ready backup's acknowledgement. A backup that detached the
+    queue's replication link and never attached it again (a bug, a peer of another release) would hold them for
+    as long as its connection lives; the primary drops it after a grace period instead, and it connects again."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # b3 imports tests.support
+    c = cluster(3, "--plugin", "tests.support.status_plugin:install")
+    c.start_with_primary(0)
+    conn = _filled(c, "rl", 3)
+    conn.close()
+    with mgmt(c[2].url) as m:
+        m.call("DETACH-QUEUE", STATUS_PLUGIN, "rl", {})
+    t0 = time.monotonic()
+    send(c[0].url, "rl", [3], timeout=20.0)  # held until b3 is dropped
+    assert time.monotonic() - t0 >= 3.0, "settled without b3's acknowledgement"
+    lost = [e for e in c[0].events() if e["event"] == "ha.backup.lost" and e.get("backup") == "b3"]
+    assert [e["reason"] for e in lost] == ["its replication link for queue 'rl' was not attached again in 5 s"]
+    wait_for(lambda: {m["name"]: m["state"] for m in Cluster.status(c[0])["members"]}.get("b3") == "ready", 20, 0.1,
+             what="b3 back and ready")
+    send(c[0].url, "rl", [4], timeout=15.0)
+    c[0].kill()
+    c.promote(2)
+    c.wait_state(2, "recovering", "active")
+    assert _bodies(c[2].url, "rl") == [0, 1, 2, 3, 4]

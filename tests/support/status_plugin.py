@@ -1,9 +1,10 @@
-"""A backup that lets go of its primary's `$ha.status` link on demand: `ha-broker --plugin
+"""A backup that lets go of one of its primary's links on demand: `ha-broker --plugin
 tests.support.status_plugin:install`.
 
-Management operation `DETACH` on type `test-status` closes the backup's status link and nothing else (its
-connection and its other links stay), as a bug on either side or a peer of another release might. Test-only: the
-broker process must be able to import `tests`.
+Management operations on type `test-status`, as a bug on either side or a peer of another release might (its
+connection and its other links stay): `DETACH` closes the backup's status link; `DETACH-QUEUE` (name: a queue)
+closes that queue's replication link and never attaches it again. Test-only: the broker process must be able to
+import `tests`.
 """
 
 from __future__ import annotations
@@ -24,4 +25,14 @@ def install(server: Server) -> None:
         backup.status_link.close()
         return Response(200, "detached")
 
+    def detach_queue(req: Request) -> Response:
+        node = next((e for e in server.extensions if isinstance(e, HaNode)), None)
+        backup = node.backup if node is not None else None
+        r = backup.replicators.pop(str(req.name), None) if backup is not None else None
+        if r is None:
+            return Response(409, f"not a backup replicating {req.name!r}")
+        r.close()  # out of `replicators` first: nothing attaches it again
+        return Response(200, "detached")
+
     server.management.register(TYPE, "DETACH", detach, write=True)
+    server.management.register(TYPE, "DETACH-QUEUE", detach_queue, write=True)
