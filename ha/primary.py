@@ -47,6 +47,7 @@ _tags = itertools.count(1)
 # after refusing a batch); the queue's settlements wait for it meanwhile.
 REATTACH_GRACE = 5.0
 
+
 class Primary:
     def __init__(self, node: NodeSide, expected: Iterable[str], previous_epoch: int) -> None:
         self.node = node
@@ -115,6 +116,8 @@ class Primary:
         for b in list(self.backups.values()):
             if b.conn.connection.state & 2:  # LOCAL_ACTIVE
                 b.conn.connection.close()
+            for t in b.reattach.values():
+                _cancel(t)
         self.backups.clear()
 
     # ----- backups connecting -----------------------------------------------------------------------------------
@@ -154,6 +157,9 @@ class Primary:
         if self.backups.get(b.name) is not b:
             return
         del self.backups[b.name]
+        for t in b.reattach.values():
+            _cancel(t)
+        b.reattach.clear()
         accepts: list[AcceptToken] = []  # consumer accepts that waited for its dequeue acknowledgements
         for s in b.senders.values():
             s.closed = True
@@ -198,9 +204,11 @@ class Primary:
         peer of another release) would hold them for as long as its connection lives. Give it REATTACH_GRACE
         seconds, then drop it and close its connection, so that it connects again and catches up."""
         if self.backups.get(b.name) is b and self.server.connections.is_open(b.conn):
-            self.server.schedule(REATTACH_GRACE, lambda: self._reattach_due(b, name))
+            _cancel(b.reattach.pop(name, None))
+            b.reattach[name] = self.server.schedule(REATTACH_GRACE, lambda: self._reattach_due(b, name))
 
     def _reattach_due(self, b: RemoteBackup, name: str) -> None:
+        b.reattach.pop(name, None)
         conns = self.server.connections
         if self.backups.get(b.name) is not b or not conns.is_open(b.conn) or name in b.senders:
             return
@@ -270,6 +278,7 @@ class Primary:
         # From here the backup acknowledges this queue's live messages in order; what it holds of ours is done
         # (plan.skip: held and on this queue, less positions reused since its epoch, whose message differs here).
         _release_all(self.guards.start(b.name, name, plan.snapshot_max, plan.skip))
+        _cancel(b.reattach.pop(name, None))
         old = b.senders.get(name)
         if old is not None:
             old.closed = True
@@ -565,6 +574,11 @@ class Primary:
             "catchup": {"total": prog.total, "sent": prog.sent, "acked": prog.acked, "fraction": prog.fraction,
                         "waiting_for": b.catchup.waiting_for()[:10]},
         }
+
+
+def _cancel(timer: Any) -> None:
+    if timer is not None:
+        timer.cancel()
 
 
 def _release_all(completions: Sequence[AcceptToken]) -> None:

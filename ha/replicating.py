@@ -65,6 +65,8 @@ class RemoteBackup:
     senders: dict[str, ReplicatingSender] = field(default_factory=dict)
     wiring_done: bool = False  # the backup attached its status link: wiring mirrored, browsers requested
     view_confirmed: int = 0  # the newest member list (Membership.seq) it settled on `$ha.status`
+    # Queue -> the timer of a replication link it detached alone and has not attached again (replication_link_gone)
+    reattach: dict[str, Any] = field(default_factory=dict)
 
 
 class PrimarySide(Protocol):

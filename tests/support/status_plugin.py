@@ -11,23 +11,26 @@ from __future__ import annotations
 
 from broker.management import Request, Response
 from broker.server import Server
+from ha.backup import Backup
 from ha.node import HaNode
 
 TYPE = "test-status"
 
 
 def install(server: Server) -> None:
-    def detach(req: Request) -> Response:
+    def this_backup() -> Backup | None:
         node = next((e for e in server.extensions if isinstance(e, HaNode)), None)
-        backup = node.backup if node is not None else None
+        return node.backup if node is not None else None
+
+    def detach(req: Request) -> Response:
+        backup = this_backup()
         if backup is None or backup.status_link is None:
             return Response(409, "not a backup with a status link")
         backup.status_link.close()
         return Response(200, "detached")
 
     def detach_queue(req: Request) -> Response:
-        node = next((e for e in server.extensions if isinstance(e, HaNode)), None)
-        backup = node.backup if node is not None else None
+        backup = this_backup()
         r = backup.replicators.pop(str(req.name), None) if backup is not None else None
         if r is None:
             return Response(409, f"not a backup replicating {req.name!r}")
