@@ -219,26 +219,13 @@ def test_a_backup_whose_status_link_goes_alone_is_dropped_and_rejoins_so_a_later
     """The member lists a ready backup confirms come on its `$ha.status` link. If that link went and the backup
     stayed (a bug, a peer of another release), it would never confirm the list without the next backup dropped,
     and every settlement would be held from then on. The primary drops it instead; it connects again."""
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # b3 imports tests.support
-    c = cluster(3, "--plugin", "tests.support.status_plugin:install")
-    c.start_with_primary(0)
-    conn = _filled(c, "sl", 3)
-    conn.close()
-    with mgmt(c[2].url) as m:
-        m.call("DETACH", STATUS_PLUGIN, None, {})
-
-    def lost() -> list[dict[str, Any]]:
-        return [e for e in c[0].events() if e["event"] == "ha.backup.lost" and e.get("backup") == "b3"]
-
-    assert [e["reason"] for e in wait_for(lost, 10, 0.1, what="b3 dropped")] == ["its $ha.status link was detached"]
-    wait_for(lambda: {m["name"]: m["state"] for m in Cluster.status(c[0])["members"]}.get("b3") == "ready", 20, 0.1,
-             what="b3 back and ready")
+    c = _b3_lets_go(cluster, monkeypatch, "sl", "DETACH", None)
+    assert [e["reason"] for e in wait_for(lambda: _b3_lost(c), 10, 0.1, what="b3 dropped")] == [
+        "its $ha.status link was detached"]
+    _b3_back_and_ready(c)
     c[1].kill()  # a ready backup dropped: nothing is settled until b3 confirms the list without b2
     send(c[0].url, "sl", [3, 4], timeout=15.0)
-    c[0].kill()
-    c.promote(2)
-    c.wait_state(2, "recovering", "active")
-    assert _bodies(c[2].url, "sl") == [0, 1, 2, 3, 4]
+    _promoted_b3_holds(c, "sl", [0, 1, 2, 3, 4])
 
 
 def test_a_backup_that_never_attaches_a_queues_replication_link_again_is_dropped_and_rejoins(
@@ -246,22 +233,39 @@ def test_a_backup_that_never_attaches_a_queues_replication_link_again_is_dropped
     """Publishes to a replicated queue wait for each ready backup's acknowledgement. A backup that detached the
     queue's replication link and never attached it again (a bug, a peer of another release) would hold them for
     as long as its connection lives; the primary drops it after a grace period instead, and it connects again."""
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # b3 imports tests.support
-    c = cluster(3, "--plugin", "tests.support.status_plugin:install")
-    c.start_with_primary(0)
-    conn = _filled(c, "rl", 3)
-    conn.close()
-    with mgmt(c[2].url) as m:
-        m.call("DETACH-QUEUE", STATUS_PLUGIN, "rl", {})
+    c = _b3_lets_go(cluster, monkeypatch, "rl", "DETACH-QUEUE", "rl")
     t0 = time.monotonic()
     send(c[0].url, "rl", [3], timeout=20.0)  # held until b3 is dropped
     assert time.monotonic() - t0 >= 3.0, "settled without b3's acknowledgement"
-    lost = [e for e in c[0].events() if e["event"] == "ha.backup.lost" and e.get("backup") == "b3"]
-    assert [e["reason"] for e in lost] == ["its replication link for queue 'rl' was not attached again in 5 s"]
+    assert [e["reason"] for e in _b3_lost(c)] == ["its replication link for queue 'rl' was not attached again in 5 s"]
+    _b3_back_and_ready(c)
+    send(c[0].url, "rl", [4], timeout=15.0)
+    _promoted_b3_holds(c, "rl", [0, 1, 2, 3, 4])
+
+
+def _b3_lets_go(cluster: Make, monkeypatch: pytest.MonkeyPatch, queue: str, op: str, name: str | None) -> Cluster:
+    """Three brokers, b1 primary, `queue` holding 0..2; then b3 (with the test plugin) is told to let a link go."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # b3 imports tests.support
+    c = cluster(3, "--plugin", "tests.support.status_plugin:install")
+    c.start_with_primary(0)
+    _filled(c, queue, 3).close()
+    with mgmt(c[2].url) as m:
+        m.call(op, STATUS_PLUGIN, name, {})
+    return c
+
+
+def _b3_lost(c: Cluster) -> list[dict[str, Any]]:
+    return [e for e in c[0].events() if e["event"] == "ha.backup.lost" and e.get("backup") == "b3"]
+
+
+def _b3_back_and_ready(c: Cluster) -> None:
     wait_for(lambda: {m["name"]: m["state"] for m in Cluster.status(c[0])["members"]}.get("b3") == "ready", 20, 0.1,
              what="b3 back and ready")
-    send(c[0].url, "rl", [4], timeout=15.0)
+
+
+def _promoted_b3_holds(c: Cluster, queue: str, bodies: list[int]) -> None:
+    """The primary killed and b3 promoted: every message is there, in order."""
     c[0].kill()
     c.promote(2)
     c.wait_state(2, "recovering", "active")
-    assert _bodies(c[2].url, "rl") == [0, 1, 2, 3, 4]
+    assert _bodies(c[2].url, queue) == bodies
