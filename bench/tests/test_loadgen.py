@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from proton import Message
@@ -20,7 +21,7 @@ from bench.protonc import ProtonCBroker
 from bench.targets import ClientSpec
 
 
-def _missing(why: str) -> None:
+def _missing(why: str) -> NoReturn:
     """Skipped on a developer's machine without proton-C's headers; under CI (which ran the test command's set-up,
     installing them) a missing build is a failure, not a silent skip."""
     if os.environ.get("CI"):
