@@ -91,6 +91,11 @@ class Extension:
         """Checked before each batch of client settlements; while False they wait (retried every 50 ms)."""
         return True
 
+    def may_dispatch(self) -> bool:
+        """Checked before a pass hands queued messages to client consumers; while False they stay queued (retried
+        every 50 ms). Replication is not held."""
+        return True
+
     def end_of_pass(self) -> bool:
         """At the end of each event-loop pass, after the broker's own work (batch what the pass gathered). Return
         True when something happened (e.g. completions were released): the server then goes round once more."""

@@ -52,7 +52,7 @@ from broker.wiring import Wiring, WiringEvent
 log = get_logger("broker")
 
 FAST_LOG_FLUSH = 0.2  # seconds between writes of batched event lines (lag samples, settle windows)
-FENCE_RETRY = 0.05  # seconds between retries of settlements an extension holds back (may_settle)
+FENCE_RETRY = 0.05  # seconds between retries of what an extension holds back (may_settle, may_dispatch)
 
 _conn_ids = itertools.count(1)
 
@@ -325,7 +325,7 @@ class Server:
             if router.groups:  # first: the pass's deliveries are held before anything can dequeue or settle them
                 router.hold_groups()
                 did = True
-            if self.dirty:
+            if self.dirty and self._fence(all(ext.may_dispatch() for ext in exts)):
                 dirty, self.dirty = self.dirty, set()
                 for q in dirty:
                     if not q.deleted:
@@ -370,7 +370,11 @@ class Server:
         return held
 
     def _fences_pass(self) -> bool:
-        if all(ext.may_settle() for ext in self.extensions):
+        return self._fence(all(ext.may_settle() for ext in self.extensions))
+
+    def _fence(self, open_: bool) -> bool:
+        """An extension's fence (settling, dispatching): when closed, the pass is retried in FENCE_RETRY."""
+        if open_:
             return True
         if self._fence_retry is None and not self._stopping:
             self._fence_retry = self.schedule(FENCE_RETRY, self._retry_fenced)

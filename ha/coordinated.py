@@ -1,5 +1,5 @@
 """Drive a broker's HA role from a `Coordinator` (ZooKeeper): contend when ready, promote when elected, demote
-when leadership is lost, and never settle a client message without a valid lease.
+when leadership is lost, and never settle or deliver a client message without a valid lease.
 
 Coordinator callbacks arrive on the backend's thread; they are handed to the reactor with
 `server.call_soon_threadsafe`, so every decision below runs on the reactor thread. One decision per view, logged
@@ -130,6 +130,14 @@ class CoordinatedRole:
                     self.ready_set_changed(sorted(ready))
                 return False
         return True
+
+    def may_dispatch(self) -> bool:
+        """A primary hands messages to its consumers only while it holds the lease. One that woke from SIGSTOP or
+        came back from a network cut past its session would otherwise deliver what the new primary delivers
+        again: it can confirm none of the consumers' accepts (the fence above), so each such delivery is a
+        redelivery later. While the lease lapses and comes back (a ZooKeeper blip within the session) consumers
+        wait, as publishers do."""
+        return self.node.primary is None or self.coord.holds_lease()
 
     # ----- callbacks (reactor thread) ---------------------------------------------------------------------------
     def on_view(self, view: ClusterView) -> None:

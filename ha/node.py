@@ -152,6 +152,9 @@ class HaNode(Extension):
             return False
         return self._enough_backups(self.primary)
 
+    def may_dispatch(self) -> bool:
+        return self.coordinated is None or self.coordinated.may_dispatch()
+
     def _enough_backups(self, primary: Primary) -> bool:
         """--ha-min-ready-backups: a primary with fewer ready backups holds clients' settlements (logged once per
         hold); a timeout is the client's own (docs/replication.md)."""

@@ -151,3 +151,20 @@ def test_nothing_is_settled_while_the_published_ready_set_names_a_backup_no_long
 
     node.primary.ready = ["b3"]  # a backup that became ready: settling with it at once is safe
     assert role.may_settle()
+
+
+def test_a_primary_hands_out_nothing_while_its_lease_is_in_doubt() -> None:
+    """Dispatch is fenced by the lease alone: suspended, nothing; reconnected within the session, at once again
+    (the ready-set conditions of `may_settle` do not hold deliveries back)."""
+    store = MemoryStore()
+    node, role = start(store, "b1")
+    assert role.may_dispatch()  # not primary yet: nothing of clients' to hold
+    settle(store, node)
+    assert node.primary is not None and role.may_dispatch()
+    role.published_epoch = 0  # a ready set not yet confirmed holds settlements, not deliveries
+    assert not role.may_settle() and role.may_dispatch()
+    store.suspend("b1")
+    assert not role.may_dispatch()
+    store.resume("b1")
+    settle(store, node)
+    assert role.may_dispatch()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from datetime import datetime
 from typing import Any
 
 import pytest
-from proton import Message
+from proton import Message, ProtonException, Timeout
 
 from tests.support.amqp import connect, drain, mgmt
 from tests.support.bulk import fill
@@ -142,6 +143,36 @@ def test_sigstopped_primary_never_settles_after_waking_and_rejoins_as_backup(zk:
     late = [w for w in c[p].events() if w["event"] == "client.settled" and w["last_ts"] > stopped_at]
     assert not late, f"old primary settled after waking: {late}"
     assert not settled_by_old
+    check_history(c)
+
+
+def test_sigstopped_primary_delivers_nothing_to_its_consumers_after_waking(zk: ZkTest, brokers: BrokerFactory) -> None:
+    """A consumer that gives credit to a frozen primary must not be handed the messages the new primary will hand
+    it again: the old one can confirm none of its accepts (its backups have left it)."""
+    c = zk_cluster(brokers, zk)
+    p = start_ready(c)
+    with mgmt(c[p].url) as m:
+        m.call("CREATE", "queue", "q", {})
+    fill(c[p].url, "q", 10, start=0)
+    conn = connect(c[p].url, timeout=30)
+    r = conn.create_receiver("q", credit=0)
+    c[p].signal(signal.SIGSTOP)
+    try:
+        p2 = wait_primary(c, timeout=SESSION + 15, exclude=p)
+        c.wait_state(p2, "active", timeout=15)
+        r.link.flow(10)  # in the frozen primary's socket buffer: read the moment it wakes
+        with contextlib.suppress(Timeout):
+            conn.wait(lambda: False, timeout=0.2)
+    finally:
+        c[p].signal(signal.SIGCONT)
+    with contextlib.suppress(ProtonException):  # a timeout, or the connection it closes once it steps down
+        conn.wait(lambda: r.fetcher.has_message > 0, timeout=3)
+    handed = r.fetcher.has_message
+    with contextlib.suppress(ProtonException):
+        conn.close()
+    assert handed == 0, f"the woken primary handed {handed} messages to a consumer"
+    assert drain(c[p2].url, "q") == list(range(10))
+    wait_for(lambda: (Cluster.try_status(c[p]) or {}).get("role") == "backup", 20, what="old primary demoted")
     check_history(c)
 
 
