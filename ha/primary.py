@@ -116,8 +116,7 @@ class Primary:
         for b in list(self.backups.values()):
             if b.conn.connection.state & 2:  # LOCAL_ACTIVE
                 b.conn.connection.close()
-            for t in b.reattach.values():
-                _cancel(t)
+            b.cancel_reattach()
         self.backups.clear()
 
     # ----- backups connecting -----------------------------------------------------------------------------------
@@ -157,9 +156,7 @@ class Primary:
         if self.backups.get(b.name) is not b:
             return
         del self.backups[b.name]
-        for t in b.reattach.values():
-            _cancel(t)
-        b.reattach.clear()
+        b.cancel_reattach()
         accepts: list[AcceptToken] = []  # consumer accepts that waited for its dequeue acknowledgements
         for s in b.senders.values():
             s.closed = True

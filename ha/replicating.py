@@ -68,6 +68,12 @@ class RemoteBackup:
     # Queue -> the timer of a replication link it detached alone and has not attached again (replication_link_gone)
     reattach: dict[str, Any] = field(default_factory=dict)
 
+    def cancel_reattach(self) -> None:
+        """Cancel every re-attach timer: the backup is dropped, or the primary steps down."""
+        for timer in self.reattach.values():
+            timer.cancel()
+        self.reattach.clear()
+
 
 class PrimarySide(Protocol):
     """What the links of this module use of their primary (ha.primary.Primary), so that this module does not import
