@@ -8,6 +8,7 @@ model: the broker tells the cluster what happens, and asks it a few questions).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -91,10 +92,11 @@ class Extension:
         """Checked before each batch of client settlements; while False they wait (retried every 50 ms)."""
         return True
 
-    def may_dispatch(self) -> bool:
-        """Checked before a pass hands queued messages to client consumers; while False they stay queued (retried
-        every 50 ms). Replication is not held."""
-        return True
+    def dispatch_fence(self) -> Callable[[Queue], bool] | None:
+        """Checked before a pass hands queued messages to client consumers: None lets every queue go; a predicate
+        holds the queues it is true of (their messages stay queued; retried every 50 ms). Replication is not
+        held."""
+        return None
 
     def end_of_pass(self) -> bool:
         """At the end of each event-loop pass, after the broker's own work (batch what the pass gathered). Return

@@ -325,12 +325,17 @@ class Server:
             if router.groups:  # first: the pass's deliveries are held before anything can dequeue or settle them
                 router.hold_groups()
                 did = True
-            if self.dirty and self._fence(all(ext.may_dispatch() for ext in exts)):
+            if self.dirty:
                 dirty, self.dirty = self.dirty, set()
+                for ext in exts:
+                    held = ext.dispatch_fence()
+                    if held is not None:
+                        dirty = self._hold_dispatch(dirty, held)
                 for q in dirty:
                     if not q.deleted:
                         self.dispatch(q)
-                did = True
+                if dirty:
+                    did = True
             if self.woken:
                 woken, self.woken = self.woken, set()
                 for h in woken:
@@ -368,6 +373,15 @@ class Server:
                     raise RuntimeError("two extensions hold one accept")  # one token, one release
                 held = True
         return held
+
+    def _hold_dispatch(self, dirty: set[Queue], held: Callable[[Queue], bool]) -> set[Queue]:
+        """Keep the queues an extension's dispatch fence holds dirty (retried in FENCE_RETRY); the rest go now."""
+        keep = {q for q in dirty if held(q)}
+        if not keep:
+            return dirty
+        self.dirty |= keep
+        self._fence(False)
+        return dirty - keep
 
     def _fences_pass(self) -> bool:
         return self._fence(all(ext.may_settle() for ext in self.extensions))

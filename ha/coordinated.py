@@ -131,6 +131,21 @@ class CoordinatedRole:
                 return False
         return True
 
+    def held(self) -> str | None:
+        """Why `may_settle` holds a primary's settlements now, for `ha-status` (None: it does not)."""
+        n = self.node
+        if n.primary is None:
+            return None
+        if not self.coord.holds_lease():
+            return ("no ZooKeeper lease (connection to ZooKeeper lost or too slow): nothing is settled or delivered "
+                    "until it is back, or the session expires and another broker takes over")
+        if self.published_epoch < n.epoch:
+            return f"ZooKeeper does not hold the ready set of epoch {n.epoch} yet"
+        gone = sorted(self.published_names - frozenset(n.primary.ready_names()))
+        if gone:
+            return f"ZooKeeper's ready set still names {', '.join(gone)}, no longer ready"
+        return None
+
     def may_dispatch(self) -> bool:
         """A primary hands messages to its consumers only while it holds the lease. One that woke from SIGSTOP or
         came back from a network cut past its session would otherwise deliver what the new primary delivers

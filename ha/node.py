@@ -152,8 +152,12 @@ class HaNode(Extension):
             return False
         return self._enough_backups(self.primary)
 
-    def may_dispatch(self) -> bool:
-        return self.coordinated is None or self.coordinated.may_dispatch()
+    def dispatch_fence(self) -> Callable[[Queue], bool] | None:
+        """Without its lease a ZooKeeper primary hands out nothing of its replicated queues (`may_dispatch`):
+        what the next primary holds too. Replies, temporary queues and the like are its own and still go."""
+        if self.coordinated is None or self.primary is None or self.coordinated.may_dispatch():
+            return None
+        return self.primary.replicated
 
     def _enough_backups(self, primary: Primary) -> bool:
         """--ha-min-ready-backups: a primary with fewer ready backups holds clients' settlements (logged once per
@@ -375,6 +379,9 @@ class HaNode(Extension):
         }
 
     def _settle_held(self) -> str | None:
+        held = self.coordinated.held() if self.coordinated is not None else None
+        if held is not None:
+            return held
         short = self.primary.settle_shortfall() if self.primary is not None else None
         if short is None:
             return None

@@ -141,6 +141,7 @@ def test_nothing_is_settled_while_the_published_ready_set_names_a_backup_no_long
 
     node.primary.ready = []  # b2 lost (its browser gone, or the connection): ZooKeeper still says it is ready
     assert not role.may_settle()
+    assert role.held() == "ZooKeeper's ready set still names b2, no longer ready"
     assert coordinator.pending is not None and coordinator.pending[0] == frozenset()  # asked for, once
     coordinator.pending = None
     assert not role.may_settle() and coordinator.pending is None  # not asked again while that request is out
@@ -168,3 +169,18 @@ def test_a_primary_hands_out_nothing_while_its_lease_is_in_doubt() -> None:
     store.resume("b1")
     settle(store, node)
     assert role.may_dispatch()
+
+
+def test_ha_status_is_told_why_settlements_wait() -> None:
+    store = MemoryStore()
+    node, role = start(store, "b1")
+    assert role.held() is None  # not primary
+    settle(store, node)
+    assert node.primary is not None and role.held() is None
+    store.suspend("b1")
+    assert (role.held() or "").startswith("no ZooKeeper lease")
+    store.resume("b1")
+    settle(store, node)
+    assert role.held() is None
+    role.published_epoch = 0
+    assert role.held() == "ZooKeeper does not hold the ready set of epoch 1 yet"

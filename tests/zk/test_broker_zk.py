@@ -190,6 +190,8 @@ def test_zookeeper_down_primary_stops_settling_then_resumes(zk: ZkTest, brokers:
         s = conn.create_sender("q")
         with pytest.raises(Exception):  # noqa: B017 - proton Timeout: nothing is settled without a lease
             s.send(Message(body="no lease"), timeout=2)
+        held = Cluster.status(c[p])["settle_held"]  # what ha-status shows on its row: SETTLEMENTS HELD: ...
+        assert held is not None and held.startswith("no ZooKeeper lease"), held
     finally:
         zk.server.start()
     # Service resumes: a client retrying across the URL list gets its message settled.
@@ -204,6 +206,7 @@ def test_zookeeper_down_primary_stops_settling_then_resumes(zk: ZkTest, brokers:
             return False
 
     wait_for(resumed, 60, 0.2, what="service to resume after ZooKeeper came back")
+    assert Cluster.status(c[wait_primary(c)])["settle_held"] is None
     check_history(c)
 
 
