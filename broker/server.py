@@ -52,7 +52,7 @@ from broker.wiring import Wiring, WiringEvent
 log = get_logger("broker")
 
 FAST_LOG_FLUSH = 0.2  # seconds between writes of batched event lines (lag samples, settle windows)
-FENCE_RETRY = 0.05  # seconds between retries of what an extension holds back (may_settle, may_dispatch)
+FENCE_RETRY = 0.05  # seconds between retries of what an extension holds back (may_settle, dispatch_fence)
 
 _conn_ids = itertools.count(1)
 

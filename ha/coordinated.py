@@ -132,7 +132,8 @@ class CoordinatedRole:
         return True
 
     def held(self) -> str | None:
-        """Why `may_settle` holds a primary's settlements now, for `ha-status` (None: it does not)."""
+        """Why `may_settle` holds a primary's settlements now (its tests, in its order), for `ha-status` (None: it
+        does not)."""
         n = self.node
         if n.primary is None:
             return None
