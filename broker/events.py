@@ -441,8 +441,8 @@ _EVENTS: tuple[Event, ...] = (
     # ----- coordinator ----------------------------------------------------------------------------------------
     Event("ha.coordinator.decision", _INFO, _C, "the election decision changed: one line per change",
           (U("action"), U("reason"), U("epoch"), U("leader"), U("waiting"))),
-    Event("ha.coordinator.suspended", _WARN, _C, "connection to ZooKeeper lost; a primary settles nothing while "
-          "suspended", (U("epoch"),)),
+    Event("ha.coordinator.suspended", _WARN, _C, "connection to ZooKeeper lost; a primary settles nothing and "
+          "hands nothing to consumers while suspended", (U("epoch"),)),
     Event("ha.coordinator.resumed", _INFO, _C, "connection to ZooKeeper back", (U("epoch"),)),
     Event("ha.coordinator.promote_refused", _ERR, _C, "elected, but the broker refused to promote (it withdraws)",
           (U("epoch"), U("description"))),
