@@ -380,19 +380,19 @@ class Server:
         if not keep:
             return dirty
         self.dirty |= keep
-        self._fence(False)
+        self._retry_fenced_later()
         return dirty - keep
 
     def _fences_pass(self) -> bool:
-        return self._fence(all(ext.may_settle() for ext in self.extensions))
-
-    def _fence(self, open_: bool) -> bool:
-        """An extension's fence (settling, dispatching): when closed, the pass is retried in FENCE_RETRY."""
-        if open_:
+        if all(ext.may_settle() for ext in self.extensions):
             return True
+        self._retry_fenced_later()
+        return False
+
+    def _retry_fenced_later(self) -> None:
+        """An extension's fence (settling, dispatching) held work back: the pass is retried in FENCE_RETRY."""
         if self._fence_retry is None and not self._stopping:
             self._fence_retry = self.schedule(FENCE_RETRY, self._retry_fenced)
-        return False
 
     def _retry_fenced(self) -> None:
         self._fence_retry = None

@@ -118,33 +118,40 @@ class CoordinatedRole:
         no longer count as ready: it can still be elected, and it lacks what we would settle without it (a
         publish it never acknowledged, a consumer's accept whose dequeue it never applied). A set without it is
         asked for here if nothing asked yet (`Primary._drop_backup` asks when it drops one)."""
-        n = self.node
-        if n.primary is None:
+        hold = self._hold()
+        if hold is None:
             return True
-        if self.published_epoch < n.epoch or not self.coord.holds_lease():
-            return False
-        if self.published_names:
-            ready = frozenset(n.primary.ready_names())
-            if not self.published_names <= ready:
-                if self._requested_names != ready:
-                    self.ready_set_changed(sorted(ready))
-                return False
-        return True
+        if hold[0] == "stale" and self._requested_names != hold[1]:
+            self.ready_set_changed(sorted(hold[1]))
+        return False
 
     def held(self) -> str | None:
-        """Why `may_settle` holds a primary's settlements now (its tests, in its order), for `ha-status` (None: it
-        does not)."""
+        """Why `may_settle` holds a primary's settlements now, for `ha-status` (None: it does not)."""
+        hold = self._hold()
+        if hold is None:
+            return None
+        what, ready = hold
+        if what == "lease":
+            return ("no ZooKeeper lease (connection to ZooKeeper lost or too slow): nothing is settled or delivered "
+                    "until it is back, or the session expires and another broker takes over")
+        if what == "epoch":
+            return f"ZooKeeper does not hold the ready set of epoch {self.node.epoch} yet"
+        return f"ZooKeeper's ready set still names {', '.join(sorted(self.published_names - ready))}, no longer ready"
+
+    def _hold(self) -> tuple[str, frozenset[str]] | None:
+        """What holds a primary's settlements (`may_settle`): "lease", "epoch" (our epoch's ready set not yet
+        written), or "stale" with the backups ready now (the written set names one that is not); None: nothing."""
         n = self.node
         if n.primary is None:
             return None
         if not self.coord.holds_lease():
-            return ("no ZooKeeper lease (connection to ZooKeeper lost or too slow): nothing is settled or delivered "
-                    "until it is back, or the session expires and another broker takes over")
+            return "lease", frozenset()
         if self.published_epoch < n.epoch:
-            return f"ZooKeeper does not hold the ready set of epoch {n.epoch} yet"
-        gone = sorted(self.published_names - frozenset(n.primary.ready_names()))
-        if gone:
-            return f"ZooKeeper's ready set still names {', '.join(gone)}, no longer ready"
+            return "epoch", frozenset()
+        if self.published_names:
+            ready = frozenset(n.primary.ready_names())
+            if not self.published_names <= ready:
+                return "stale", ready
         return None
 
     def may_dispatch(self) -> bool:
