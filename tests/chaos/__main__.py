@@ -31,18 +31,21 @@ def main() -> int:
     ap.add_argument("--fence-after", type=float, default=2.0,
                     help="local: seconds a silent primary lives before the manager kills it")
     ap.add_argument("--only", default="", help="comma list of fault kinds: " + ", ".join(k.value for k in Kind))
+    ap.add_argument("--cover", action="store_true",
+                    help="each fault kind once first, then weighted draws (what the default suite runs)")
     ap.add_argument("--out", type=Path, help="write the JSON report here")
     ap.add_argument("--workdir", type=Path, help="keep brokers' logs and data here (default: a temporary dir)")
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     signal.signal(signal.SIGTERM, _stopped)  # clean up (processes, iptables rules) when stopped
     kinds = {Kind(x.strip()) for x in a.only.split(",") if x.strip()} or None
-    print(f"chaos: {a.faults} faults, seed {seed}, coordinator {a.coordinator}", flush=True)
+    print(f"chaos: {a.faults} faults, seed {seed}, coordinator {a.coordinator}"
+          f"{', every kind once first' if a.cover else ''}", flush=True)
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         report = Run(seed, a.faults, workdir, session=a.session, kinds=kinds, coordinator=a.coordinator,
-                     fence_after=a.fence_after, log=lambda s: print(s, flush=True)).execute()
+                     cover=a.cover, fence_after=a.fence_after, log=lambda s: print(s, flush=True)).execute()
     except ChaosError as e:
         print(f"chaos: {e} (workdir {workdir})", file=sys.stderr)
         return 2

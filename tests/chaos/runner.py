@@ -113,6 +113,7 @@ class Run:
     fence_after: float = 2.0  # local: seconds a silent primary lives before the manager kills it
     log: Callable[[str], None] = print
     kinds: set[Kind] | None = None
+    cover: bool = False  # each kind once first (model.schedule)
     recovery: dict[Kind, list[float]] = field(default_factory=lambda: defaultdict(list))
     whole: dict[Kind, list[float]] = field(default_factory=lambda: defaultdict(list))
     done: list[dict[str, Any]] = field(default_factory=list)
@@ -131,7 +132,7 @@ class Run:
         if not iptables_usable():
             self.kinds = (self.kinds or set(Kind)) - {Kind.CUT_PRIMARY}
             self.log("iptables is not usable here (root and iptables needed): no cut-primary faults")
-        plan = schedule(self.seed, self.faults, self.session, only=self.kinds)
+        plan = schedule(self.seed, self.faults, self.session, only=self.kinds, cover=self.cover)
         zk = None if self.local else ZooKeeperServer(self.workdir / "zookeeper")
         if zk is not None:
             zk.start()
@@ -387,7 +388,7 @@ class Run:
         for d in self.done:
             counts[d["fault"]] += 1
         return {
-            "seed": self.seed, "coordinator": self.coordinator, "faults": len(self.done),
+            "seed": self.seed, "coordinator": self.coordinator, "faults": len(self.done), "cover": self.cover,
             "session_timeout": self.session, "fence_after": self.fence_after if self.local else None,
             "seconds": round(seconds, 1), "mix": dict(sorted(counts.items())), "verdict": v.summary(),
             "primary_restarted_to_recover": self.supervised,
@@ -404,7 +405,8 @@ def markdown(report: dict[str, Any]) -> Iterator[str]:
     v = report["verdict"]
     how = (f"understudy-cluster's manager, fencing after {report['fence_after']} s"
            if report.get("coordinator") == "local" else f"ZooKeeper session {report['session_timeout']} s")
-    yield f"seed {report['seed']}, {report['faults']} faults in {report['seconds']:.0f} s ({how})"
+    first = ", every kind once first" if report.get("cover") else ""
+    yield f"seed {report['seed']}, {report['faults']} faults in {report['seconds']:.0f} s ({how}{first})"
     if report.get("primary_restarted_to_recover"):
         yield (f"{report['primary_restarted_to_recover']} killed primaries had to be restarted before the cluster "
                "recovered (no backup was ready with them: they had dropped their backups and settled alone)")

@@ -1,8 +1,8 @@
 """The chaos run under pytest: short seeded runs in the default suite (ZooKeeper; understudy-cluster's manager),
-≥ 1000 faults with `-m soak`.
+each fault kind once and then a few drawn by weight; ≥ 1000 weighted faults with `-m soak`.
 
 UNDERSTUDY_CHAOS_SEED / UNDERSTUDY_CHAOS_FAULTS choose the run; the seed is printed and named in every failure, so
-`python -m tests.chaos --seed N --faults M` replays it."""
+the printed `python -m tests.chaos --seed N --faults M [--cover]` replays it."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.model import ACCEPT_CONFIRMED, DELIVERED, Kind, check, schedule
-from tests.chaos.runner import Run, markdown
+from tests.chaos.runner import Run, iptables_usable, markdown
 
 pytestmark = pytest.mark.zookeeper
 
 
-def run(tmp_path: Path, faults: int, coordinator: str = "zookeeper") -> dict[str, object]:
+def run(tmp_path: Path, faults: int, coordinator: str = "zookeeper", cover: bool = False) -> dict[str, object]:
     seed = int(os.environ.get("UNDERSTUDY_CHAOS_SEED", random.randrange(1 << 30)))
     faults = int(os.environ.get("UNDERSTUDY_CHAOS_FAULTS", faults))
     print(f"\nchaos: {faults} faults, seed {seed} (replay: python -m tests.chaos --seed {seed} --faults {faults} "
-          f"--coordinator {coordinator})")
-    report = Run(seed, faults, tmp_path, coordinator=coordinator).execute()
+          f"--coordinator {coordinator}{' --cover' if cover else ''})")
+    report = Run(seed, faults, tmp_path, coordinator=coordinator, cover=cover).execute()
     print("\n".join(markdown(report)))
     return report
 
@@ -39,12 +39,17 @@ def assert_exactly_once(report: dict[str, object]) -> None:
 
 
 def test_a_short_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    assert_exactly_once(run(tmp_path, 30))
+    """Every kind of fault once (7), then 7 drawn by weight."""
+    report = run(tmp_path, 14, cover=True)
+    assert_exactly_once(report)
+    cut = set() if iptables_usable() else {Kind.CUT_PRIMARY}
+    mix = report["mix"]
+    assert isinstance(mix, dict) and set(mix) == {k.value for k in set(Kind) - cut}, f"seed {report['seed']}: {mix}"
 
 
 def test_a_short_chaos_run_under_understudy_clusters_manager_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     """No coordinator in the brokers (as under Pacemaker): the manager promotes, fences silent primaries, restarts."""
-    assert_exactly_once(run(tmp_path, 8, "local"))
+    assert_exactly_once(run(tmp_path, 8, "local", cover=True))
 
 
 @pytest.mark.soak
@@ -91,3 +96,13 @@ def test_a_seed_names_the_schedule() -> None:
     assert {f.kind for f in only} == {Kind.KILL_BACKUP} and all(0.3 <= f.duration <= 2.25 for f in only)
     with pytest.raises(ValueError):
         schedule(1, 1, 1.5, only=set())
+
+
+def test_a_covering_schedule_has_every_kind_first_and_a_seed_still_names_it() -> None:
+    a = schedule(7, 10, session=1.5, cover=True)
+    assert {f.kind for f in a[:len(Kind)]} == set(Kind) and len(a) == 10
+    assert a == schedule(7, 10, session=1.5, cover=True)
+    assert [f.kind for f in a] != [f.kind for f in schedule(8, 10, session=1.5, cover=True)]
+    some = {Kind.KILL_BACKUP, Kind.STOP_PRIMARY}
+    assert {f.kind for f in schedule(3, 2, session=1.5, only=some, cover=True)} == some
+    assert len(schedule(3, 1, session=1.5, cover=True)) == 1  # fewer faults than kinds: the first few kinds
