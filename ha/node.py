@@ -380,6 +380,8 @@ class HaNode(Extension):
 
     def _settle_held(self) -> str | None:
         held = self.coordinated.held() if self.coordinated is not None else None
+        if held is None and self.primary is not None:
+            held = self.primary.view_fence_held()
         if held is not None:
             return held
         short = self.primary.settle_shortfall() if self.primary is not None else None

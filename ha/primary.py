@@ -77,6 +77,7 @@ class Primary:
         # Nothing is settled until every ready backup holds that list (`view_fence_open`), and when it was set.
         self.view_fence = 0
         self.view_fence_since = 0.0
+        self.view_fence_dropped: list[str] = []  # the ready backups dropped since it was raised (for ha-status)
         self.lag_histograms: dict[str, LagHistogram] = {}  # per backup, since this broker became primary (metrics)
 
     # ----- install / uninstall ----------------------------------------------------------------------------------
@@ -170,7 +171,9 @@ class Primary:
         if coordinated is None and b.state == HaState.READY and self.seq > self.view_fence:
             if not self.view_fence:
                 self.view_fence_since = time.time()
+                self.view_fence_dropped = []
             self.view_fence = self.seq
+            self.view_fence_dropped.append(b.name)
         store = self.server.store
         if coordinated is not None and b.state == HaState.READY:
             # The dropped backup must leave the coordinator's ready set before we settle without it, or it
@@ -550,13 +553,24 @@ class Primary:
         any of them outranks the dropped one, which lacks what we settle next."""
         if not self.view_fence:
             return True
-        behind = [n for n, b in self.backups.items() if b.state == HaState.READY and b.view_confirmed < self.view_fence]
-        if behind:
+        if self._view_behind():
             return False
         log.info("ha.view.confirmed", seq=self.view_fence, names=self.ready_names(),
                  held_seconds=round(time.time() - self.view_fence_since, 3))
         self.view_fence = 0
         return True
+
+    def _view_behind(self) -> list[str]:
+        return [n for n, b in self.backups.items() if b.state == HaState.READY and b.view_confirmed < self.view_fence]
+
+    def view_fence_held(self) -> str | None:
+        """What `view_fence_open` waits for, in words for ha-status (None when it does not hold)."""
+        behind = self._view_behind() if self.view_fence else []
+        if not behind:
+            return None
+        verb = "has" if len(behind) == 1 else "have"
+        return (f"ready {', '.join(sorted(behind))} {verb} not yet confirmed the member list without "
+                f"{', '.join(self.view_fence_dropped)} (held {time.time() - self.view_fence_since:.1f} s)")
 
     # ----- status -----------------------------------------------------------------------------------------------
     def backup_status(self, name: str) -> dict[str, Any]:

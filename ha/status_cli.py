@@ -197,7 +197,7 @@ def _note(m: dict[str, Any]) -> str:
         return f"stale since {_clock(s.get('since'))}: {s.get('role')} {s.get('state')} (per {s.get('by')})"
     if m.get("journal_failed"):  # durable messages refused (primary), out of the cluster (backup): docs/durability.md
         return f"JOURNAL CANNOT WRITE: {m['journal_failed']}"
-    if m.get("settle_held"):  # --ha-min-ready-backups, no ZooKeeper lease: clients wait for their settlements
+    if m.get("settle_held"):  # --ha-min-ready-backups, no lease, a member list unconfirmed: clients wait
         return f"SETTLEMENTS HELD: {m['settle_held']}"
     return "no answer" if m.get("source") == "unreachable" else ""
 

@@ -172,9 +172,12 @@ def test_after_a_ready_backup_is_dropped_nothing_is_answered_before_the_other_re
         c[2].signal(signal.SIGSTOP)  # now b3 cannot confirm a new member list
         c[1].kill()  # dropped at once (connection reset): what waited for it is released
         assert not _answered(conn, held, 1.5), "answered before the other ready backup held the list without b2"
+        shown = Cluster.status(c[0])["settle_held"]  # ha-status: SETTLEMENTS HELD: ...
+        assert shown.startswith("ready b3 has not yet confirmed the member list without b2 (held "), shown
     finally:
         c[2].signal(signal.SIGCONT)
     assert _answered(conn, held, 10.0)
+    assert Cluster.status(c[0])["settle_held"] is None
     assert _bodies(c[0].url, "fence") == [2, 3]
 
 
