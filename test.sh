@@ -9,7 +9,7 @@ setup_venv test,spark,bench
 setup_npm
 install_ocf_agent
 log "ruff"
-"$VENV/bin/ruff" check broker ha spark tests bench deploy resource_agents/agent_core.py resource_agents/local_admin.py resource_agents/understudy
+"$VENV/bin/ruff" check conftest.py broker ha spark tests bench deploy resource_agents/agent_core.py resource_agents/local_admin.py resource_agents/understudy
 log "mypy"
 "$VENV/bin/mypy" broker ha deploy resource_agents/agent_core.py resource_agents/local_admin.py
 log "pytest"

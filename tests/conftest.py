@@ -1,23 +1,11 @@
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
 
 from tests.support.procs import BrokerFactory, BrokerProcess
-
-
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """SIGTERM (a CI job's timeout, `kill`) stops the run as Ctrl-C does, so the fixtures still stop every broker,
-    ZooKeeper, namespace and iptables rule they started; by default it would end pytest and leave them running."""
-    signal.signal(signal.SIGTERM, _terminated)
 
 
 @pytest.fixture
