@@ -61,26 +61,26 @@ def test_backups_catch_up_a_queue_paged_to_disk_and_a_failover_delivers_it_all_i
     """Flow to disk in a cluster: the primary keeps most of queue d only in its journal (--max-memory); a backup
     restarted with its journal and a brand-new one both catch up from it (paged messages are read back for them),
     stay under their own bound, and the new one, promoted, delivers every message in order."""
-    c = cluster(3, "--max-memory", "2M")
+    c = cluster(3, "--max-memory", "1M")
     c.start(0, 1)
     c.promote(0)
     c.wait_state(0, "active")
     c.wait_state(1, "ready")
     with mgmt(c[0].url) as m:
         m.call("CREATE", "queue", "d", {"arguments": {"durable": True}})
-    fill(c[0].url, "d", 5000, durable=True, pad=1000)  # about 5 MiB
+    fill(c[0].url, "d", 2500, durable=True, pad=1000)  # about 2.5 MiB
     c[1].kill()
-    fill(c[0].url, "d", 3000, start=5001, durable=True, pad=1000)
+    fill(c[0].url, "d", 1500, start=2501, durable=True, pad=1000)
     c[1].start()
     c.start(2)  # brand new: everything
     c.wait_state(1, "ready", timeout=60)
     c.wait_state(2, "ready", timeout=60)
-    assert catchups(c, "b2")[-1] == 3000
+    assert catchups(c, "b2")[-1] == 1500
     for b in c.brokers:
         with mgmt(b.url) as m:
             attrs = m.call("READ", "broker", "").body
-        assert attrs["memory"]["used"] <= 2 << 20 and attrs["journal"]["paged"] > 2000, (b.name, attrs)
+        assert attrs["memory"]["used"] <= 1 << 20 and attrs["journal"]["paged"] > 2000, (b.name, attrs)
     c[0].kill()
     c.promote(2)
     c.wait_state(2, "active")
-    assert [number_of(x) for x in take(c[2].url, "d", 8000)] == list(range(1, 8001))
+    assert [number_of(x) for x in take(c[2].url, "d", 4000)] == list(range(1, 4001))
