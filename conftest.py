@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Generator
-from types import FrameType
 
 import pytest
 
+from tests.support.releases import NOT_IN_CLONE
+from tests.support.signals import interrupt_on_sigterm
+
 # Skips CI accepts: the history a mixed-release test unpacks is absent from a shallow clone (tests/support/releases.py).
-CI_MAY_SKIP = ("is not in this clone",)
-
-
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+CI_MAY_SKIP = (NOT_IN_CLONE,)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """SIGTERM (a CI job's timeout, `kill`) stops the run as Ctrl-C does, so the fixtures still stop every broker,
-    ZooKeeper, namespace and iptables rule they started; by default it would end pytest and leave them running."""
-    signal.signal(signal.SIGTERM, _terminated)
+    ZooKeeper, namespace and iptables rule they started (tests/support/signals.py)."""
+    interrupt_on_sigterm()
 
 
 @pytest.hookimpl(wrapper=True)

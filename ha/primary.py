@@ -565,7 +565,7 @@ class Primary:
 
     def view_fence_held(self) -> str | None:
         """What `view_fence_open` waits for, in words for ha-status (None when it does not hold)."""
-        behind = self._view_behind() if self.view_fence else []
+        behind = self._view_behind()  # none while no fence is raised (view_fence 0)
         if not behind:
             return None
         verb = "has" if len(behind) == 1 else "have"

@@ -7,17 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import signal
 import sys
 import tempfile
 from pathlib import Path
 
 from tests.chaos.model import Kind
 from tests.chaos.runner import ChaosError, Run, markdown, write_report
-
-
-def _stopped(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+from tests.support.signals import interrupt_on_sigterm
 
 
 def main() -> int:
@@ -37,7 +33,7 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, help="keep brokers' logs and data here (default: a temporary dir)")
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
-    signal.signal(signal.SIGTERM, _stopped)  # clean up (processes, iptables rules) when stopped
+    interrupt_on_sigterm()  # clean up (processes, iptables rules) when stopped
     kinds = {Kind(x.strip()) for x in a.only.split(",") if x.strip()} or None
     print(f"chaos: {a.faults} faults, seed {seed}, coordinator {a.coordinator}"
           f"{', every kind once first' if a.cover else ''}", flush=True)

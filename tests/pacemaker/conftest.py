@@ -5,11 +5,9 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
 
@@ -37,20 +35,6 @@ def install_agent() -> None:
         link.symlink_to(AGENT)
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    setattr(item, f"rep_{report.when}", report)
-    return report
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # pytest then tears fixtures down, which cleans the namespaces
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 LOG_ROOT = Path(os.environ.get("UNDERSTUDY_PCMK_LOGS", "/tmp/understudy-pcmk"))
 
 
@@ -65,22 +49,18 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if reason:
         pytest.skip(reason)
     install_agent()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        with netns_lock():
-            workdir = LOG_ROOT / request.module.__name__.rsplit(".", 1)[-1]
-            if workdir.exists():
-                shutil.rmtree(workdir)
-            workdir.mkdir(parents=True)
-            c = Cluster(workdir)
-            atexit.register(c.cleanup)
-            try:
-                with c:
-                    yield c
-            finally:
-                atexit.unregister(c.cleanup)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with netns_lock():  # SIGTERM tears this down too, as Ctrl-C does (conftest.py at the top)
+        workdir = LOG_ROOT / request.module.__name__.rsplit(".", 1)[-1]
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        c = Cluster(workdir)
+        atexit.register(c.cleanup)
+        try:
+            with c:
+                yield c
+        finally:
+            atexit.unregister(c.cleanup)
 
 
 @pytest.fixture(autouse=True)

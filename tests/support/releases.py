@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+NOT_IN_CLONE = "is not in this clone"  # the skip's reason; the one skip CI allows (conftest.py)
 
 
 def unpack(commit: str, tmp_path_factory: pytest.TempPathFactory, what: str) -> Path:
@@ -16,7 +17,7 @@ def unpack(commit: str, tmp_path_factory: pytest.TempPathFactory, what: str) -> 
     there, e.g. a shallow clone). `what` names the release in the directory."""
     found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
     if found.returncode != 0:
-        pytest.skip(f"commit {commit} ({what}) is not in this clone")
+        pytest.skip(f"commit {commit} ({what}) {NOT_IN_CLONE}")
     dest = tmp_path_factory.mktemp(what)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit],
                              capture_output=True, check=True).stdout

@@ -42,6 +42,7 @@ def _pytest(tmp_path: Path, ci: bool, *args: str) -> subprocess.Popen[str]:
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_rules.py").write_text(TESTS)
     env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": "true"} if ci else {})
+    env["PYTHONPATH"] = str(ROOT)  # conftest.py imports tests.support
     return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
                              "--basetemp", str(tmp_path / "t"), *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
