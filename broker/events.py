@@ -156,6 +156,7 @@ FIELDS: Final = _fields(
     Field("operation", S, "a management operation (`CREATE`, `DELETE`, ...)"),
     Field("path", S, "a file path"),
     Field("peer", S, "the other broker's id"),
+    Field("pid", N, "a process id"),
     Field("peer_epoch", N, "the epoch the other broker claims"),
     Field("permission", S, "an access-control action (docs/access-control.md): `publish`, `consume`, `browse`, "
           "`create`, `delete`, `manage`"),
@@ -352,8 +353,14 @@ _EVENTS: tuple[Event, ...] = (
                                                               U("exception"))),
     Event("journal.sync.slow", _WARN, _S, "an fdatasync made on the event loop (a small commit with nothing else in "
           "flight) took long: the disk is slow or busy (another process's bulk writes). The loop waited meanwhile "
-          "(no heartbeats), so such syncs go to the syncer thread for `off_seconds` (doubling while it recurs)",
+          "(no heartbeats), so such syncs go to the syncer for `off_seconds` (doubling while it recurs)",
           (U("seconds", "the sync took"), U("off_seconds", "inline syncs stay off this long"))),
+    Event("journal.syncer.started", _INFO, _S, "the journal's fdatasyncs run in a process of their own (a child of "
+          "the broker, `python -I .../broker/store/syncproc.py`); it exits with the broker", (U("pid"),)),
+    Event("journal.syncer.lost", _ERR, _S, "the journal's sync process could not be started or exited while the "
+          "broker runs (killed by hand, the OOM killer): a thread of the broker makes the fdatasyncs instead, "
+          "everything written is synced again, nothing is lost; a restart of the broker brings the process back",
+          (U("description"),)),
     Event("journal.prepare.skipped", _WARN, _S, "the next journal segment could not be zero-filled in advance "
           "(the disk lacks room for two spare segments, or a write failed): the journal goes on in a segment that "
           "grows, whose fdatasyncs cost more; once per reason until one is prepared again", (U("description"),)),

@@ -459,6 +459,16 @@ class Engine:
     def call_soon_threadsafe(self, fn: Callable[[], None]) -> None:
         self.calls.push(fn)
 
+    def add_reader(self, fd: int, fn: Callable[[int], None]) -> None:
+        """Call `fn(mask)` on the loop whenever `fd` is readable (or hung up); an exception it raises is logged."""
+        self.fds[fd] = lambda mask: self._call(lambda: fn(mask), "reader")
+        self.epoll.register(fd, EPOLLIN)
+
+    def remove_reader(self, fd: int) -> None:
+        if self.fds.pop(fd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):  # the fd or the epoll is already closed
+                self.epoll.unregister(fd)
+
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # EAGAIN: already signalled
             os.eventfd_write(self._wake_fd, 1)

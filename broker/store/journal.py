@@ -1,11 +1,13 @@
 """The journal's files: numbered segments, appends gathered per pass, one write and one fdatasync per commit.
 
 Group commit without blocking the event loop: `commit()` writes what the pass appended (one `write` into the page
-cache, on the loop thread) and hands a *ticket* to the syncer thread, which calls `fdatasync` (the GIL is released
-meanwhile) and reports the highest ticket made durable through `on_synced`, from its own thread: the caller passes
-it back to the loop (`call_soon_threadsafe`). Requests that queue up while a sync runs are served by the next one.
-A small commit with nothing in flight is synced by the loop itself instead, after it wrote its sockets
-(`defer_inline`, `sync_deferred`), unless a recent inline sync was slow (INLINE_SYNC_SLOW, INLINE_OFF).
+cache, on the loop thread) and hands a *ticket* to the syncer, which calls `fdatasync` and reports the highest
+ticket made durable through `on_synced`, on the loop's thread. Requests that queue up while a sync runs are served
+by the next one. The syncer is a process of its own when the journal runs beside an event loop
+(broker.store.syncproc: no GIL shared with the loop), else (and if that process is lost) the `Syncer` thread,
+whose reports reach the loop through `call_soon_threadsafe`. A small commit with nothing in flight is synced by the
+loop itself instead, after it wrote its sockets (`defer_inline`, `sync_deferred`), unless a recent inline sync was
+slow (INLINE_SYNC_SLOW, INLINE_OFF).
 
 Segments zero-filled in advance: a write into blocks that already hold (zero) data makes its fdatasync flush the
 data alone; appending to a file that grows also commits the file's new size and block map (an ext4 journal commit),
@@ -30,10 +32,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from broker.errors import BrokerError
 from broker.log import get_logger
 from broker.store import records as R
+from broker.store import syncproc
+from broker.store.syncproc import SyncProcess
 
 log = get_logger("broker.store")
 
@@ -72,6 +77,12 @@ def segment_numbers(directory: Path) -> list[int]:
         if stem.isdigit():
             out.append(int(stem))
     return sorted(out)
+
+
+class Loop(syncproc.Loop, Protocol):
+    """What the journal needs of the event loop (broker.engine.Engine has it)."""
+
+    def call_soon_threadsafe(self, fn: Callable[[], None]) -> None: ...
 
 
 class Syncer(threading.Thread):
@@ -206,7 +217,8 @@ class Journal:
         self.synced = 0  # last commit known to be on disk
         self.ends: deque[tuple[int, int, int]] = deque()  # (ticket, segment, size after it) of commits not synced
         self.durable = (0, 0)  # (segment, bytes of it) known to be on disk: what each commit's MARK says
-        self.syncer: Syncer | None = None
+        self.syncer: Syncer | SyncProcess | None = None
+        self._reports: tuple[Callable[[int], None], Callable[[int, OSError], None], Loop | None] | None = None
         self.preparer: Preparer | None = None
         self.prealloc = False  # the current segment was zero-filled in advance
         self.prepare_at = 0  # size of the current segment at which the next one is asked for
@@ -262,12 +274,41 @@ class Journal:
         os.lseek(fd, size, os.SEEK_SET)
         self.fd, self.segment, self.size = fd, number, size
 
-    def start(self, on_synced: Callable[[int], None], on_failed: Callable[[int, OSError], None]) -> None:
-        self.syncer = Syncer(on_synced, on_failed)
-        self.syncer.start()
+    def start(self, on_synced: Callable[[int], None], on_failed: Callable[[int, OSError], None],
+              loop: Loop | None = None) -> None:
+        """Start the syncer and the preparer. With `loop`, `on_synced(ticket)` and `on_failed(ticket, error)` are
+        called on the loop's thread and the syncer is a process (broker.store.syncproc); without, the syncer is a
+        thread and calls them from that thread."""
+        self._reports = (on_synced, on_failed, loop)
+        if loop is None:
+            self.syncer = Syncer(on_synced, on_failed)
+            self.syncer.start()
+        else:
+            try:
+                self.syncer = SyncProcess(loop, on_synced, on_failed, self._syncer_lost)
+                log.info("journal.syncer.started", pid=self.syncer.pid)
+            except OSError as e:  # no process to be had (e.g. out of pids): the thread does the same work
+                log.error("journal.syncer.lost", description=f"the sync process could not be started: {e}")
+                self._thread_syncer()
         (self.directory / PREPARED).unlink(missing_ok=True)  # half made, or made for a run that is over
         self.preparer = Preparer(self.directory, self.segment_size)
         self.preparer.start()
+
+    def _thread_syncer(self) -> None:
+        assert self._reports is not None
+        on_synced, on_failed, loop = self._reports
+        assert loop is not None
+        self.syncer = Syncer(lambda t: loop.call_soon_threadsafe(lambda: on_synced(t)),
+                             lambda t, e: loop.call_soon_threadsafe(lambda: on_failed(t, e)))
+        self.syncer.start()
+
+    def _syncer_lost(self) -> None:
+        """The sync process went while the broker runs: the thread takes over, and syncs everything written (what
+        was in flight may not have been)."""
+        log.error("journal.syncer.lost", description="the sync process exited")
+        self._thread_syncer()
+        if self.synced < self.ticket and self.syncer is not None:
+            self.syncer.request(self.ticket, [fd for fd, _ in self.retired] + ([self.fd] if self.fd >= 0 else []))
 
     def close(self) -> None:
         self.sync_deferred()

@@ -7,7 +7,7 @@ pass added, after its messages; the whole window in each checkpoint), and the br
 state). Everything else never touches the disk.
 
 Per pass (group commit): the observers append records as queues and wiring change; at the end of the pass
-`end_of_pass` writes them with one `write`, and the syncer thread makes them durable with one `fdatasync`. A client's
+`end_of_pass` writes them with one `write`, and the syncer process makes them durable with one `fdatasync`. A client's
 durable delivery is held until the sync of the pass that journaled it (and, in a cluster, until every ready backup
 acknowledged it, which a backup does only once its own journal holds it: `when_synced`).
 
@@ -360,7 +360,7 @@ class Store(Extension):
                 self._track(q, self.queues[q].qid if q in self.queues else None)
                 if self not in q.observers:
                     q.observers.append(self)  # type: ignore[arg-type]
-        self.journal.start(self._synced_thread, self._failed_thread)
+        self.journal.start(self._synced, self._sync_failed, self.server.engine)
         self.journal.defer_inline = True
         self.server.engine.after_flush = self.sync_deferred
         try:
@@ -607,12 +607,6 @@ class Store(Extension):
                 if q.entries.get(e.position) is e:
                     _count(st.live, loc >> 32, -1)
                     break
-
-    def _synced_thread(self, ticket: int) -> None:
-        self.server.call_soon_threadsafe(lambda: self._synced(ticket))
-
-    def _failed_thread(self, ticket: int, error: OSError) -> None:
-        self.server.call_soon_threadsafe(lambda: self._sync_failed(ticket, error))
 
     def sync_deferred(self) -> bool:
         """After the loop wrote its sockets: the pass's small commit is synced now (`Journal.sync_deferred`) and what

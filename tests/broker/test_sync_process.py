@@ -1,0 +1,70 @@
+"""The journal's fdatasyncs run in a child process of the broker (broker.store.syncproc): it goes when the broker
+goes, however the broker goes, and when it is lost while the broker runs a thread takes over without losing or
+holding up any durable message."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from broker.store.journal import INLINE_SYNC_BYTES
+from tests.support.amqp import drain, mgmt, send
+from tests.support.bulk import number_of
+from tests.support.procs import BrokerFactory, BrokerProcess, wait_for
+
+
+def sync_pid(b: BrokerProcess) -> int:
+    started = wait_for(lambda: next((e for e in b.events(since_start=True)
+                                     if e["event"] == "journal.syncer.started"), None), what="journal.syncer.started")
+    return int(started["pid"])
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie not yet reaped by whoever adopted it counts)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def test_the_sync_process_is_the_brokers_child_and_goes_with_it(brokers: BrokerFactory) -> None:
+    b = brokers()
+    pid = sync_pid(b)
+    assert b.proc is not None
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    assert int(stat.rsplit(")", 1)[1].split()[1]) == b.proc.pid  # its parent
+    assert b"syncproc.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "q", {"arguments": {"durable": True}})
+    send(b.url, "q", list(range(100)), durable=True)
+    b.signal(signal.SIGKILL)  # the broker alone, as Pacemaker or the OOM killer would: not its process group
+    b.proc.wait(10)
+    wait_for(lambda: gone(pid), 5, what="the sync process to exit after its broker was killed")
+    b.start()
+    assert drain(b.url, "q") == list(range(100))
+    pid = sync_pid(b)
+    os.killpg(b.proc.pid, signal.SIGINT)  # Ctrl-C on the terminal: the whole group; the broker closes the journal
+    assert b.proc.wait(10) == 0
+    wait_for(lambda: gone(pid), 5, what="the sync process to exit after its broker stopped")
+    assert not [e for e in b.events(since_start=True) if e["event"] == "journal.syncer.lost"]  # it outlived the loop
+
+
+def test_a_lost_sync_process_is_replaced_by_a_thread_and_nothing_is_lost(brokers: BrokerFactory) -> None:
+    b = brokers()
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "q", {"arguments": {"durable": True}})
+    send(b.url, "q", list(range(100)), durable=True)
+    pid = sync_pid(b)
+    os.kill(pid, signal.SIGKILL)
+    # Each of these is a commit too big (> INLINE_SYNC_BYTES) for the loop's own inline sync: only the syncer can
+    # settle it, and `send` fails after 10 s without a settlement.
+    big = [f"{n}:".ljust(INLINE_SYNC_BYTES + 100, "x") for n in range(100, 300)]
+    send(b.url, "q", big, durable=True)
+    lost = [e for e in b.events(since_start=True) if e["event"] == "journal.syncer.lost"]
+    assert len(lost) == 1 and lost[0]["description"] == "the sync process exited"
+    b.kill()
+    b.start()
+    assert [number_of(x) for x in drain(b.url, "q")] == list(range(300))
+    assert sync_pid(b) != pid  # a restart brings a process back
