@@ -9,8 +9,9 @@ any other socket.
 The protocol, on a SOCK_SEQPACKET socketpair: a request is an 8-byte ticket with the file descriptors to sync
 (SCM_RIGHTS: the process gets its own copies, so the broker may close its own at any time); the reply is the ticket
 and an errno (0: everything the request named is on disk). One request is in flight at a time; requests made
-meanwhile are merged into the next one (their descriptors kept open by `dup` until it is sent), as the thread merged
-what queued up while it synced.
+meanwhile are merged into the next one (one `dup` per file they name, kept open until it is sent), as the thread
+merged what queued up while it synced. A request whose descriptors did not all arrive (more than MAX_FDS) is answered
+EMSGSIZE, never "synced".
 
 The process lives as long as its end of the socket: it exits when the broker closes its end or dies (SIGKILL
 included), once any fdatasync it is in has returned. It has a process group of its own and ignores SIGINT and
@@ -26,6 +27,7 @@ and ~13 MiB of memory (resident), once per broker.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -37,7 +39,7 @@ from typing import Protocol
 
 REQUEST = struct.Struct("<Q")
 REPLY = struct.Struct("<Qq")
-MAX_FDS = 16  # descriptors one request may carry (the journal names one or two)
+MAX_FDS = 253  # descriptors one request may carry (Linux's SCM_MAX_FD; the journal names one or two files)
 
 
 class Loop(Protocol):
@@ -69,7 +71,8 @@ class SyncProcess:
         self.sock = ours
         self.pid = self.proc.pid
         self.in_flight = 0  # ticket of the request sent (0: none)
-        self.next: tuple[int, list[int]] | None = None  # merged requests made meanwhile: (ticket, our dups)
+        self.next: tuple[int, dict[tuple[int, int], int]] | None = None  # merged requests made meanwhile:
+        #                                            (highest ticket, {(st_dev, st_ino): our dup of a fd of that file})
         self.closed = False
         loop.add_reader(ours.fileno(), self._readable)
 
@@ -79,15 +82,16 @@ class SyncProcess:
         if not self.in_flight:
             self._send(ticket, fds)
             return
-        dups = [os.dup(fd) for fd in fds]
-        if self.next is not None:
-            ticket = max(ticket, self.next[0])
-            dups = self.next[1] + dups
-        self.next = (ticket, dups)
+        top, dups = self.next if self.next is not None else (0, {})
+        for fd in fds:  # one descriptor per file, however many requests merge (a slow disk: thousands)
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) not in dups:
+                dups[st.st_dev, st.st_ino] = os.dup(fd)
+        self.next = (max(ticket, top), dups)
 
     def _send(self, ticket: int, fds: list[int]) -> None:
         try:
-            socket.send_fds(self.sock, [REQUEST.pack(ticket)], fds[:MAX_FDS])
+            socket.send_fds(self.sock, [REQUEST.pack(ticket)], fds)
         except OSError:
             self._lost()
             return
@@ -107,8 +111,9 @@ class SyncProcess:
         self.in_flight = 0
         nxt, self.next = self.next, None
         if nxt is not None:  # before the report: what it releases may close descriptors the next request names
-            self._send(*nxt)
-            for fd in nxt[1]:
+            fds = list(nxt[1].values())
+            self._send(nxt[0], fds)
+            for fd in fds:
                 os.close(fd)
         if err:
             self.on_failed(ticket, OSError(err, os.strerror(err)))
@@ -129,7 +134,7 @@ class SyncProcess:
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
         if self.next is not None:
-            for fd in self.next[1]:
+            for fd in self.next[1].values():
                 os.close(fd)
             self.next = None
 
@@ -145,18 +150,18 @@ def main(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     while True:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, REQUEST.size, MAX_FDS)
+            msg, fds, flags, _addr = socket.recv_fds(sock, REQUEST.size, MAX_FDS)
         except OSError:
             return
         if len(msg) != REQUEST.size:
             return  # EOF (or a request we cannot read: the broker's end is not ours)
         (ticket,) = REQUEST.unpack(msg)
-        err = 0
+        err = errno.EMSGSIZE if flags & socket.MSG_CTRUNC else 0  # descriptors were dropped: do not claim them
         try:
-            for f in fds:
+            for f in fds if not err else ():
                 os.fdatasync(f)
         except OSError as e:
-            err = e.errno or 5  # EIO
+            err = e.errno or errno.EIO
         finally:
             for f in fds:
                 os.close(f)

@@ -64,13 +64,30 @@ def test_requests_made_while_one_is_in_flight_are_merged_into_the_next(
     os.write(fd, b"a")
     p.request(1, [fd])
     os.write(fd, b"b")
-    p.request(2, [fd])
-    p.request(3, [fd])
-    assert p.in_flight == 1 and p.next is not None and p.next[0] == 3
+    for t in range(2, 1002):  # a slow disk: many commits while one sync runs
+        p.request(t, [fd])
+    assert p.in_flight == 1 and p.next is not None and p.next[0] == 1001
+    assert len(p.next[1]) == 1  # one descriptor per file, not one per request
     loop.turn()
-    assert r.synced == [1] and p.in_flight == 3 and p.next is None  # the merged request went out at once
+    assert r.synced == [1] and p.in_flight == 1001 and p.next is None  # the merged request went out at once
     loop.turn()
-    assert r.synced == [1, 3] and not p.in_flight and r.failed == [] and r.lost == 0
+    assert r.synced == [1, 1001] and not p.in_flight and r.failed == [] and r.lost == 0
+
+
+def test_merged_requests_name_every_file_they_named(sync: tuple[SyncProcess, HandLoop, Reports, int],
+                                                    tmp_path: Path) -> None:
+    p, loop, r, fd = sync
+    other = os.open(tmp_path / "next-seg", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        p.request(1, [fd])
+        p.request(2, [fd])
+        p.request(3, [other, fd])
+        assert p.next is not None and len(p.next[1]) == 2
+    finally:
+        os.close(other)  # the merged request holds its own copy
+    loop.turn()
+    loop.turn()
+    assert r.synced == [1, 3] and r.failed == []
 
 
 def test_a_failed_fdatasync_is_reported_with_its_errno(sync: tuple[SyncProcess, HandLoop, Reports, int]) -> None:
