@@ -355,6 +355,12 @@ _EVENTS: tuple[Event, ...] = (
           "flight) took long: the disk is slow or busy (another process's bulk writes). The loop waited meanwhile "
           "(no heartbeats), so such syncs go to the syncer for `off_seconds` (doubling while it recurs)",
           (U("seconds", "the sync took"), U("off_seconds", "inline syncs stay off this long"))),
+    Event("journal.sync.stalled", _WARN, _S, "a journal write has waited more than 5 s for its fdatasync: the disk "
+          "hangs (a stalled network volume, a failing device) or the sync process is stopped; durable messages are "
+          "not settled meanwhile. `ha-status` shows it (JOURNAL SYNC STALLED)", (U("description"),
+                                                                                 U("seconds", "waited so far"))),
+    Event("journal.sync.resumed", _WARN, _S, "the journal's fdatasyncs return again after `journal.sync.stalled`",
+          (U("description"),)),
     Event("journal.syncer.started", _INFO, _S, "the journal's fdatasyncs run in a process of their own (a child of "
           "the broker, `python -I .../broker/store/syncproc.py`); it exits with the broker", (U("pid"),)),
     Event("journal.syncer.lost", _ERR, _S, "the journal's sync process could not be started or exited while the "

@@ -266,6 +266,8 @@ def _journal_families(j: dict[str, Any]) -> Iterator[Metric]:
     yield _counter("journal_written_bytes", "Bytes written to the journal since start", j["written"])
     yield _counter("journal_commits", "Journal commits (one write and fdatasync each) since start", j["commits"])
     yield _gauge("journal_failed", "1 while journal writes fail (durable messages refused)", int(j["failed"] is not None))
+    yield _gauge("journal_sync_wait_seconds", "How long the oldest journal write not yet on disk has waited for its "
+                 "fdatasync (0: none waits; seconds mean a hung disk)", j["sync-wait"])
     yield _gauge("journal_paged_messages", "Messages paged to disk (flow to disk), not in memory", j["paged"])
     yield _counter("journal_paged_out", "Messages paged out to disk since start", j["paged-out"])
     yield _counter("journal_paged_in", "Messages read back from disk since start", j["paged-in"])

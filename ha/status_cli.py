@@ -107,6 +107,7 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
             "epoch": a.get("epoch"), "position": a.get("position"), "queues": a.get("queues"),
             "backlog": None, "lag_ms": None, "primary": a.get("primary"), "source": "self",
             "as_of": a.get("time"), "journal_failed": a.get("journal_failed"),
+            "journal_stalled": a.get("journal_stalled"),
             "settle_held": a.get("settle_held"),
         }
         followed = answers.get(a.get("primary") or "")
@@ -197,6 +198,8 @@ def _note(m: dict[str, Any]) -> str:
         return f"stale since {_clock(s.get('since'))}: {s.get('role')} {s.get('state')} (per {s.get('by')})"
     if m.get("journal_failed"):  # durable messages refused (primary), out of the cluster (backup): docs/durability.md
         return f"JOURNAL CANNOT WRITE: {m['journal_failed']}"
+    if m.get("journal_stalled"):  # a hung disk: durable messages wait (docs/durability.md)
+        return f"JOURNAL SYNC STALLED: {m['journal_stalled']}"
     if m.get("settle_held"):  # --ha-min-ready-backups, no lease, a member list unconfirmed: clients wait
         return f"SETTLEMENTS HELD: {m['settle_held']}"
     return "no answer" if m.get("source") == "unreachable" else ""
@@ -244,7 +247,8 @@ def render(view: dict[str, Any], all_members: bool = False) -> Group:
             "" if m.get("backlog") is None else str(m["backlog"]),
             "" if m.get("lag_ms") is None else f"{m['lag_ms']:.1f}",
             bar,
-            *([Text(_note(m), "bold red" if m.get("journal_failed") or m.get("settle_held") else "dim")]
+            *([Text(_note(m), "bold red" if m.get("journal_failed") or m.get("journal_stalled") or m.get("settle_held")
+                       else "dim")]
               if with_note else []),
         )
     return Group(header, t)

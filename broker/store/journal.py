@@ -215,7 +215,8 @@ class Journal:
         self.unit_at: int | None = None  # index in `pending` of this pass's UNIT record (filled in at commit)
         self.ticket = 0  # last commit handed to the syncer
         self.synced = 0  # last commit known to be on disk
-        self.ends: deque[tuple[int, int, int]] = deque()  # (ticket, segment, size after it) of commits not synced
+        self.ends: deque[tuple[int, int, int, float]] = deque()  # (ticket, segment, size after it, monotonic time
+        #                                                            of the write) of commits not known synced
         self.durable = (0, 0)  # (segment, bytes of it) known to be on disk: what each commit's MARK says
         self.syncer: Syncer | SyncProcess | None = None
         self._reports: tuple[Callable[[int], None], Callable[[int, OSError], None], Loop | None] | None = None
@@ -366,7 +367,7 @@ class Journal:
         self.size += len(data)
         self.written += len(data)
         self.ticket += 1
-        self.ends.append((self.ticket, self.segment, self.size))
+        self.ends.append((self.ticket, self.segment, self.size, time.monotonic()))
         if self.size >= self.prepare_at and self.preparer is not None:
             self.prepare_at = 1 << 62
             self.preparer.want()
@@ -422,12 +423,16 @@ class Journal:
         self.synced = ticket
         ends = self.ends
         while ends and ends[0][0] <= ticket:
-            _, segment, size = ends.popleft()
+            _, segment, size, _ = ends.popleft()
             self.durable = (segment, size)
         if self.retired and self.retired[0][1] <= ticket:
             for fd, _ in [r for r in self.retired if r[1] <= ticket]:
                 os.close(fd)
             self.retired = [r for r in self.retired if r[1] > ticket]
+
+    def unsynced_for(self, now: float) -> float:
+        """Seconds the oldest write not known to be on disk has waited for its fdatasync (0: none waits)."""
+        return now - self.ends[0][3] if self.ends else 0.0
 
     def _inline_on(self) -> bool:
         return not self.inline_off_until or time.monotonic() >= self.inline_off_until

@@ -40,6 +40,7 @@ from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageInde
 from broker.queue import DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
 from broker.store.journal import Journal, segment_name, segment_numbers
+from broker.store.syncproc import SyncProcess
 from broker.wiring import WiringEvent
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ log = get_logger("broker.store")
 
 COMPACT_LIVE_FRACTION = 0.1  # the oldest segment is compacted when fewer of its messages than this are live
 PROBE_INTERVAL = 1.0  # seconds between attempts to write again after a failure
+SYNC_STALLED = 5.0  # a write whose fdatasync has not returned after this many seconds is reported (a hung disk)
 PROBE_HEADROOM = 1 << 20  # free bytes the disk needs before a failed journal is tried again
 
 
@@ -267,6 +269,8 @@ class Store(Extension):
         self.dequeued_top: dict[int, int] = {}  # qid -> the highest of them
         self.segments: list[int] = []  # segment numbers on disk, oldest first
         self.failed: str | None = None  # why durable work is refused (disk full, I/O error)
+        self.stall_reported = False  # journal.sync.stalled was logged and the stall goes on
+        self.closed = False
         self.failures = 0
         self.state: dict[str, Any] = {}
         self.recovered = Recovered()
@@ -361,6 +365,7 @@ class Store(Extension):
                 if self not in q.observers:
                     q.observers.append(self)  # type: ignore[arg-type]
         self.journal.start(self._synced, self._sync_failed, self.server.engine)
+        self.server.schedule(PROBE_INTERVAL, self._watch_sync)
         self.journal.defer_inline = True
         self.server.engine.after_flush = self.sync_deferred
         try:
@@ -374,6 +379,7 @@ class Store(Extension):
         self._commit()
 
     def close(self) -> None:
+        self.closed = True
         self.journal.close()
         for fd in self.readers.values():
             os.close(fd)
@@ -650,6 +656,28 @@ class Store(Extension):
         if self._probe is None:
             self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
 
+    def stalled(self) -> str | None:
+        """Why durable messages wait longer than the disk should take (ha-status), or None."""
+        waited = self.journal.unsynced_for(time.monotonic())
+        if waited < SYNC_STALLED:
+            return None
+        syncer = self.journal.syncer
+        who = f"the sync process (pid {syncer.pid})" if isinstance(syncer, SyncProcess) else "the syncer thread"
+        return (f"no fdatasync has returned for {waited:.0f} s: the disk hangs, or {who} is stopped; "
+                "durable messages wait for it")
+
+    def _watch_sync(self) -> None:
+        """Once a second: log a journal sync that hangs (`journal.sync.stalled`) and its end."""
+        waited = self.journal.unsynced_for(time.monotonic())
+        if waited >= SYNC_STALLED and not self.stall_reported:
+            self.stall_reported = True
+            log.warning("journal.sync.stalled", description=self.stalled(), seconds=round(waited, 1))
+        elif waited < SYNC_STALLED and self.stall_reported:
+            self.stall_reported = False
+            log.warning("journal.sync.resumed", description="the journal's fdatasyncs return again")
+        if not self.closed:
+            self.server.schedule(PROBE_INTERVAL, self._watch_sync)
+
     def _retry(self) -> None:
         self._probe = None
         if self.failed is None:
@@ -849,5 +877,7 @@ class Store(Extension):
                             "written": self.journal.written, "commits": self.journal.ticket,
                             "preallocated": self.journal.prealloc,
                             "prepared": self.journal.preparer.prepared if self.journal.preparer else 0,
-                            "failed": self.failed, "paged": sum(q.paged_count for q in self.paging),
+                            "failed": self.failed, "sync-wait": round(self.journal.unsynced_for(time.monotonic()), 3),
+                            "stalled": self.stalled(),
+                            "paged": sum(q.paged_count for q in self.paging),
                             "paged-out": self.paged_out, "paged-in": self.paged_in}}

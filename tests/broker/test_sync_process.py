@@ -1,23 +1,36 @@
 """The journal's fdatasyncs run in a child process of the broker (broker.store.syncproc): it goes when the broker
 goes, however the broker goes, and when it is lost while the broker runs a thread takes over without losing or
-holding up any durable message."""
+holding up any durable message. A sync that hangs is logged and shown, and what waited for it settles when it
+returns."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
 from broker.store.journal import INLINE_SYNC_BYTES
 from tests.support.amqp import drain, mgmt, send
 from tests.support.bulk import number_of
-from tests.support.procs import BrokerFactory, BrokerProcess, wait_for
+from tests.support.cluster import Cluster
+from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
 
 
 def sync_pid(b: BrokerProcess) -> int:
     started = wait_for(lambda: next((e for e in b.events(since_start=True)
                                      if e["event"] == "journal.syncer.started"), None), what="journal.syncer.started")
     return int(started["pid"])
+
+
+def status(b: BrokerProcess) -> dict[str, Any]:
+    """This broker's row of `ha-status -f json`."""
+    r = subprocess.run([str(BIN / "ha-status"), "--broker", b.url, "-f", "json"], capture_output=True, text=True,
+                       timeout=30)
+    return next(m for m in json.loads(r.stdout)["members"] if m["name"] == b.name)
 
 
 def gone(pid: int) -> bool:
@@ -68,3 +81,35 @@ def test_a_lost_sync_process_is_replaced_by_a_thread_and_nothing_is_lost(brokers
     b.start()
     assert [number_of(x) for x in drain(b.url, "q")] == list(range(300))
     assert sync_pid(b) != pid  # a restart brings a process back
+
+
+def test_a_hung_sync_is_logged_and_shown_and_the_message_settles_when_it_returns(brokers: BrokerFactory) -> None:
+    c = Cluster(brokers, 1, [])
+    c.start_with_primary(0)
+    b = c[0]
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "q", {"arguments": {"durable": True}})
+    pid = sync_pid(b)
+    os.kill(pid, signal.SIGSTOP)  # what a hung disk looks like to the broker: an fdatasync that does not return
+    try:
+        big = "0:".ljust(INLINE_SYNC_BYTES + 100, "x")  # too big for the loop's inline sync: the process must sync it
+        sender = threading.Thread(target=send, args=(b.url, "q", [big]), kwargs={"timeout": 60, "durable": True})
+        sender.start()
+        shown = wait_for(lambda: status(b)["journal_stalled"], 15, what="ha-status to show the stalled sync")
+        assert shown.startswith("no fdatasync has returned for") and f"sync process (pid {pid}) is stopped" in shown
+        assert sender.is_alive()  # not settled: it waits for the disk
+        text = subprocess.run([str(BIN / "ha-status"), "--broker", b.url], capture_output=True, text=True, timeout=30)
+        assert "JOURNAL SYNC STALLED: no fdatasync has returned for" in " ".join(text.stdout.split())
+        stats = subprocess.run([str(BIN / "ha-admin"), "--broker", b.url, "journal", "stats"], capture_output=True,
+                               text=True, timeout=30)
+        assert "STALLED: no fdatasync" in stats.stdout, stats.stdout + stats.stderr
+        wait_for(lambda: [e for e in b.events(since_start=True) if e["event"] == "journal.sync.stalled"], 5,
+                 what="journal.sync.stalled")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    sender.join(30)
+    assert not sender.is_alive()
+    wait_for(lambda: [e for e in b.events(since_start=True) if e["event"] == "journal.sync.resumed"], 5,
+             what="journal.sync.resumed")
+    assert status(b)["journal_stalled"] is None
+    assert [number_of(x) for x in drain(b.url, "q")] == [0]
