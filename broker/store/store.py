@@ -656,19 +656,23 @@ class Store(Extension):
         if self._probe is None:
             self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
 
+    def sync_wait(self) -> float:
+        """Seconds the oldest journal write has waited for its fdatasync (0 while the journal has failed: the
+        failure is what shows, and the writes it covered are not waited for)."""
+        return 0.0 if self.failed is not None else self.journal.unsynced_for(time.monotonic())
+
     def stalled(self) -> str | None:
         """Why durable messages wait longer than the disk should take (ha-status), or None."""
-        waited = self.journal.unsynced_for(time.monotonic())
+        waited = self.sync_wait()
         if waited < SYNC_STALLED:
             return None
         syncer = self.journal.syncer
-        who = f"the sync process (pid {syncer.pid})" if isinstance(syncer, SyncProcess) else "the syncer thread"
-        return (f"no fdatasync has returned for {waited:.0f} s: the disk hangs, or {who} is stopped; "
-                "durable messages wait for it")
+        who = f", or the sync process (pid {syncer.pid}) is stopped" if isinstance(syncer, SyncProcess) else ""
+        return f"no fdatasync has returned for {waited:.0f} s: the disk hangs{who}; durable messages wait for it"
 
     def _watch_sync(self) -> None:
         """Once a second: log a journal sync that hangs (`journal.sync.stalled`) and its end."""
-        waited = self.journal.unsynced_for(time.monotonic())
+        waited = self.sync_wait()
         if waited >= SYNC_STALLED and not self.stall_reported:
             self.stall_reported = True
             log.warning("journal.sync.stalled", description=self.stalled(), seconds=round(waited, 1))
@@ -877,7 +881,7 @@ class Store(Extension):
                             "written": self.journal.written, "commits": self.journal.ticket,
                             "preallocated": self.journal.prealloc,
                             "prepared": self.journal.preparer.prepared if self.journal.preparer else 0,
-                            "failed": self.failed, "sync-wait": round(self.journal.unsynced_for(time.monotonic()), 3),
+                            "failed": self.failed, "sync-wait": round(self.sync_wait(), 3),
                             "stalled": self.stalled(),
                             "paged": sum(q.paged_count for q in self.paging),
                             "paged-out": self.paged_out, "paged-in": self.paged_in}}

@@ -82,6 +82,7 @@ def test_scrape_shows_depth_bytes_and_counters_of_what_clients_sent_and_consumed
     assert value(s, "understudy_journal_written_bytes_total") > 0
     assert value(s, "understudy_journal_durable_queues") == 1
     assert value(s, "understudy_journal_failed") == 0
+    assert 0 <= value(s, "understudy_journal_sync_wait_seconds") < 5  # no sync hangs
     assert value(s, "understudy_memory_limit_bytes") == 64 * 1024 * 1024
     assert value(s, "understudy_memory_used_bytes") >= q["bytes"]
     assert value(s, "understudy_memory_over") == 0
@@ -199,7 +200,8 @@ def test_before_the_loop_ever_answers_only_the_age_is_served_as_minus_one() -> N
 
 # ----- the docs and the dashboard name what the broker serves -----------------------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
-_JOURNAL = {"segments": 1, "durable-queues": 1, "written": 10, "commits": 2, "failed": None, "paged": 0,
+_JOURNAL = {"segments": 1, "durable-queues": 1, "written": 10, "commits": 2, "failed": None, "sync-wait": 0.0,
+            "paged": 0,
             "paged-out": 0, "paged-in": 0}
 
 
