@@ -156,10 +156,10 @@ FIELDS: Final = _fields(
     Field("operation", S, "a management operation (`CREATE`, `DELETE`, ...)"),
     Field("path", S, "a file path"),
     Field("peer", S, "the other broker's id"),
-    Field("pid", N, "a process id"),
     Field("peer_epoch", N, "the epoch the other broker claims"),
     Field("permission", S, "an access-control action (docs/access-control.md): `publish`, `consume`, `browse`, "
           "`create`, `delete`, `manage`"),
+    Field("pid", N, "a process id"),
     Field("position", N, "a message's position in its queue"),
     Field("positions", L, "message positions in their queue (at most the first 20)"),
     Field("primary", S, "the primary's broker id"),

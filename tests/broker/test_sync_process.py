@@ -58,7 +58,7 @@ def test_the_sync_process_is_the_brokers_child_and_goes_with_it(brokers: BrokerF
     b.start()
     assert drain(b.url, "q") == list(range(100))
     pid = sync_pid(b)
-    os.killpg(b.proc.pid, signal.SIGINT)  # Ctrl-C on the terminal: the whole group; the broker closes the journal
+    os.killpg(b.proc.pid, signal.SIGINT)  # Ctrl-C on the terminal: the broker's group (the sync process has its own)
     assert b.proc.wait(10) == 0
     wait_for(lambda: gone(pid), 5, what="the sync process to exit after its broker stopped")
     assert not [e for e in b.events(since_start=True) if e["event"] == "journal.syncer.lost"]  # it outlived the loop
