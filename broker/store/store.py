@@ -270,7 +270,7 @@ class Store(Extension):
         self.segments: list[int] = []  # segment numbers on disk, oldest first
         self.failed: str | None = None  # why durable work is refused (disk full, I/O error)
         self.stall_reported = False  # journal.sync.stalled was logged and the stall goes on
-        self.closed = False
+        self._sync_watch: Any = None  # the timer of the next `_watch_sync`
         self.failures = 0
         self.state: dict[str, Any] = {}
         self.recovered = Recovered()
@@ -365,7 +365,7 @@ class Store(Extension):
                 if self not in q.observers:
                     q.observers.append(self)  # type: ignore[arg-type]
         self.journal.start(self._synced, self._sync_failed, self.server.engine)
-        self.server.schedule(PROBE_INTERVAL, self._watch_sync)
+        self._sync_watch = self.server.schedule(PROBE_INTERVAL, self._watch_sync)
         self.journal.defer_inline = True
         self.server.engine.after_flush = self.sync_deferred
         try:
@@ -379,7 +379,8 @@ class Store(Extension):
         self._commit()
 
     def close(self) -> None:
-        self.closed = True
+        if self._sync_watch is not None:
+            self._sync_watch.cancel()
         self.journal.close()
         for fd in self.readers.values():
             os.close(fd)
@@ -679,8 +680,7 @@ class Store(Extension):
         elif waited < SYNC_STALLED and self.stall_reported:
             self.stall_reported = False
             log.warning("journal.sync.resumed", description="the journal's fdatasyncs return again")
-        if not self.closed:
-            self.server.schedule(PROBE_INTERVAL, self._watch_sync)
+        self._sync_watch = self.server.schedule(PROBE_INTERVAL, self._watch_sync)
 
     def _retry(self) -> None:
         self._probe = None
