@@ -379,8 +379,10 @@ class Store(Extension):
         self._commit()
 
     def close(self) -> None:
-        if self._sync_watch is not None:
-            self._sync_watch.cancel()
+        for timer in (self._sync_watch, self._probe):  # neither may run on a closed journal
+            if timer is not None:
+                timer.cancel()
+        self._sync_watch = self._probe = None
         self.journal.close()
         for fd in self.readers.values():
             os.close(fd)

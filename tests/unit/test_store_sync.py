@@ -202,3 +202,22 @@ def test_the_loop_does_not_sleep_on_after_flush_work_it_left(server: Server) -> 
     assert len(calls) == AFTER_FLUSH_ROUNDS and engine._timeout(60.0) == 0.0
     engine.run_once(60.0)  # returns at once: owed work
     assert len(calls) == AFTER_FLUSH_ROUNDS + 1 and engine._timeout(60.0) > 0
+
+
+def test_a_closed_store_stops_probing_a_failed_journal(server: Server, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a write failure the store probes the journal every PROBE_INTERVAL; once the store is closed (the
+    broker stopping) no probe runs: it would start a new segment in a journal that was closed after its last
+    sync."""
+    store = server.store
+    assert store is not None
+    settle(server)
+    monkeypatch.setattr("broker.store.store.PROBE_INTERVAL", 0.05)
+    store._fail("journal: write failed (test)", [])
+    segments = sorted(p.name for p in (tmp_path / "journal").iterdir())
+    store.close()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        server.engine.run_once(0.05)
+    assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == segments
+    assert store.failed is not None  # nor was the closed journal declared writable again
