@@ -105,6 +105,7 @@ class OursStandalone(Target):
     """One `ha-broker`, no replication (`durable`: durable queues and durable messages)."""
 
     name = "ours"
+    broker_parts = True
 
     def __init__(self, extra_args: list[str] | None = None, durable: bool = False) -> None:
         self.extra_args = list(extra_args or [])

@@ -64,6 +64,8 @@ class PhaseResult:
     errors: list[str] = field(default_factory=list)
     client: str = "python"  # c | python
     e2e_latency_ms: dict[str, float] = field(default_factory=dict)  # C consumers: send stamp -> receipt
+    #: {role: {part: [user, system] CPU seconds}}: the broker's event loop, its other threads, its sync process
+    broker_thread_seconds: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,8 +108,19 @@ def _run(loop: PublishLoop | ConsumeLoop) -> LoopResult:
 
 # ---------------------------------------------------------------------------------------------------------------
 
-def _broker_cpu(target: Target) -> dict[str, float]:
-    return {role: procstat.cpu_seconds(pids) for role, pids in target.pid_groups().items()}
+@dataclass
+class CpuReading:
+    """Broker CPU seconds so far: per role, and per role and part (`procstat.thread_parts`: user, system)."""
+
+    roles: dict[str, float]
+    parts: dict[str, dict[str, tuple[float, float]]]
+
+
+def _broker_cpu(target: Target) -> CpuReading:
+    groups = target.pid_groups()
+    return CpuReading({role: procstat.cpu_seconds(pids) for role, pids in groups.items()},
+                      {role: procstat.thread_parts(pids[0], pids) for role, pids in groups.items()
+                       if pids and target.broker_parts})
 
 
 def run_phase(target: Target, spec: PhaseSpec, give_up: float = 600.0, loadgen: str | Path | None = None
@@ -136,7 +149,7 @@ def latency_summary(values_ms: Sequence[float]) -> dict[str, float]:
 
 
 def _result(target: Target, spec: PhaseSpec, pubs: list[LoopResult], cons: list[LoopResult], t0: float,
-            t_end: float, cpu0: dict[str, float], cpu1: dict[str, float], m0: tuple[float, float],
+            t_end: float, cpu0: CpuReading, cpu1: CpuReading, m0: tuple[float, float],
             m1: tuple[float, float], errors: list[str], latency: dict[str, float], client: str,
             e2e_latency: dict[str, float] | None = None) -> PhaseResult:
     loops = pubs + cons
@@ -144,7 +157,7 @@ def _result(target: Target, spec: PhaseSpec, pubs: list[LoopResult], cons: list[
     accepted = sum(r.accepted for r in pubs)
     seconds = t_end - t0
     client_cpu = sum(r.cpu_seconds for r in loops)
-    broker_cpu = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
+    broker_cpu = {k: cpu1.roles[k] - cpu0.roles.get(k, 0.0) for k in cpu1.roles}
     return PhaseResult(
         target=target.name, phase=spec.name, messages=accepted, seconds=seconds,
         rate=stats.rate(accepted, seconds), broker_cpu_seconds=broker_cpu,
@@ -156,6 +169,8 @@ def _result(target: Target, spec: PhaseSpec, pubs: list[LoopResult], cons: list[
         machine_busy_share=(m1[0] - m0[0]) / (m1[1] - m0[1]) if m1[1] > m0[1] else 0.0,
         latency_ms=latency, other_outcomes=sum(r.other_outcomes for r in pubs), errors=errors, client=client,
         e2e_latency_ms=e2e_latency or {},
+        broker_thread_seconds={role: procstat.parts_delta(cpu0.parts.get(role, {}), parts)
+                               for role, parts in cpu1.parts.items()},
     )
 
 

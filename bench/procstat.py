@@ -24,10 +24,60 @@ class StatLine:
 def parse_stat(text: str) -> StatLine:
     """One /proc/<pid>/stat line. `comm` may contain spaces and parentheses: split at the last ')'."""
     open_, close = text.index("("), text.rindex(")")
-    rest = text[close + 2 :].split()
+    user, system = parse_times(text)
+    return StatLine(pid=int(text[:open_]), comm=text[open_ + 1 : close], ppid=int(text[close + 2 :].split()[1]),
+                    ticks=user + system)
+
+
+def parse_times(text: str) -> tuple[int, int]:
+    """(utime, stime) clock ticks from a /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat line."""
+    rest = text[text.rindex(")") + 2 :].split()
     # rest[0] is field 3 (state); utime is field 14, stime field 15 (1-based) -> rest[11], rest[12]
-    return StatLine(pid=int(text[:open_]), comm=text[open_ + 1 : close], ppid=int(rest[1]),
-                    ticks=int(rest[11]) + int(rest[12]))
+    return int(rest[11]), int(rest[12])
+
+
+#: the parts of a broker `thread_parts` tells apart
+LOOP, THREADS, SYNC_PROCESS, CHILDREN = "loop", "other threads", "sync process", "other processes"
+
+
+def part_of(pid: int, tid: int, root: int, cmdline: str) -> str:
+    """Which part of a broker (process `root` and its children) thread `tid` of process `pid` is: its event loop
+    (the main thread), its other threads (the journal's preparer ...), the journal's sync process, anything else."""
+    if pid == root:
+        return LOOP if tid == pid else THREADS
+    return SYNC_PROCESS if "syncproc" in cmdline else CHILDREN
+
+
+def thread_parts(root: int, pids: list[int]) -> dict[str, tuple[float, float]]:
+    """{part: (user, system) CPU seconds} of a broker's threads and processes (`pids`: `root` and its children);
+    live threads only (a thread that ended takes its time with it)."""
+    out: dict[str, tuple[float, float]] = {}
+    for pid in pids:
+        try:
+            cmdline = (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            tids = [int(t.name) for t in (PROC / str(pid) / "task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                user, system = parse_times((PROC / str(pid) / "task" / str(tid) / "stat").read_text())
+            except (OSError, ValueError):
+                continue
+            part = part_of(pid, tid, root, cmdline)
+            u, s = out.get(part, (0.0, 0.0))
+            out[part] = (u + user / CLK_TCK, s + system / CLK_TCK)
+    return out
+
+
+def parts_delta(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+                ) -> dict[str, list[float]]:
+    """{part: [user, system] seconds} spent between two `thread_parts` readings (a part that appeared meanwhile
+    counts whole; a negative figure, a thread that ended, counts 0)."""
+    out = {}
+    for part, (u1, s1) in after.items():
+        u0, s0 = before.get(part, (0.0, 0.0))
+        out[part] = [round(max(u1 - u0, 0.0), 3), round(max(s1 - s0, 0.0), 3)]
+    return out
 
 
 def machine_ticks(text: str) -> tuple[int, int]:

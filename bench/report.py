@@ -130,6 +130,9 @@ def markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str], kinds: dict
     by_role = role_markdown(runs, present)
     if by_role:
         parts += ["", by_role]
+    by_part = part_markdown(runs, present)
+    if by_part:
+        parts += ["", by_part]
     repl = replication_markdown(summary, present, kinds)
     if repl:
         parts += ["", repl]
@@ -180,6 +183,40 @@ def role_markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str]) -> str
         return ""
     return "\n".join(["Broker CPU per message by role, µs (the per-target figures above are the sums):", "",
                        _table(["target", "role", *[PHASE_LABEL[p] for p in LOAD_PHASES]], rows)])
+
+
+def part_cpu(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, tuple[float, float]]]:
+    """{(target, role, part): {phase: (user, system) µs per message, medians over repeats}} (part: the broker's
+    event loop, its other threads, its sync process: bench.procstat.thread_parts)."""
+    grouped: dict[tuple[str, str, str, str], list[tuple[float, float]]] = {}
+    for r in runs:
+        if r.get("phase") not in LOAD_PHASES:
+            continue
+        n = r.get("messages") or 0
+        for role, parts in (r.get("broker_thread_seconds") or {}).items():
+            for part, (user, system) in parts.items():
+                grouped.setdefault((r["target"], role, part, r["phase"]), []).append(
+                    (stats.per_message_us(user, n), stats.per_message_us(system, n)))
+    out: dict[tuple[str, str, str], dict[str, tuple[float, float]]] = {}
+    for (t, role, part, phase), vals in grouped.items():
+        out.setdefault((t, role, part), {})[phase] = (stats.median([u for u, _ in vals]),
+                                                      stats.median([s for _, s in vals]))
+    return out
+
+
+def part_markdown(runs: Sequence[dict[str, Any]], targets: Sequence[str]) -> str:
+    per = part_cpu(runs)
+    rows = []
+    for t in targets:
+        for (target, role, part), phases in per.items():
+            if target == t and any(u or s for u, s in phases.values()):  # a part that took no CPU: no row
+                rows.append([t, role, part, *[_fmt(phases[ph][0]) + " + " + _fmt(phases[ph][1]) if ph in phases
+                                             else "n/a" for ph in LOAD_PHASES]])
+    if not rows:
+        return ""
+    return "\n".join(["Broker CPU per message by part, µs, user + system (the event loop is one thread: near a core's "
+                       "worth of it per second, it is the limit):", "",
+                       _table(["target", "role", "part", *[PHASE_LABEL[p] for p in LOAD_PHASES]], rows)])
 
 
 def rss_markdown(rows: Sequence[dict[str, Any]]) -> str:

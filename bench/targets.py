@@ -47,6 +47,8 @@ class Target(abc.ABC):
     baseline: bool = False
     #: every phase sends durable messages (AMQP header durable=true) to this target, whatever `--durable` says
     durable_messages: bool = False
+    #: its brokers are ours: their CPU is also reported by part (event loop, other threads, sync process)
+    broker_parts: bool = False
 
     @abc.abstractmethod
     def start(self, workdir: Path) -> None: ...

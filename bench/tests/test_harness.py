@@ -265,6 +265,19 @@ def test_verdict_lines_are_markdown_bullets() -> None:
     assert lines == ["- g: **NOT met** — 1 vs 2"]
 
 
+def test_part_table_gives_user_and_system_per_message() -> None:
+    runs = [{"target": "ours-durable", "phase": "publish", "messages": 1000,
+             "broker_thread_seconds": {"broker": {"loop": [0.01, 0.002], "sync process": [0.0005, 0.001]}}},
+            {"target": "ours-durable", "phase": "publish", "messages": 1000,
+             "broker_thread_seconds": {"broker": {"loop": [0.012, 0.004], "sync process": [0.0005, 0.001],
+                                                  "other threads": [0.0, 0.0]}}}]
+    md = report.part_markdown(runs, ["ours-durable"])
+    assert "| ours-durable | broker | loop | 11.0 + 3.00 | n/a | n/a |" in md
+    assert "| ours-durable | broker | sync process | 0.50 + 1.00 | n/a | n/a |" in md
+    assert "other threads" not in md  # no CPU in any phase: no row
+    assert report.part_markdown([{"target": "rabbit", "phase": "publish", "messages": 10}], ["rabbit"]) == ""
+
+
 def test_role_table_gives_each_role_per_message() -> None:
     runs = [{"target": "ours-replicated-1", "phase": "publish", "messages": 1000,
              "broker_cpu_seconds": {"primary": 0.04, "backup-1": 0.01}},

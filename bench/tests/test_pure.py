@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+import threading
 import time
 
 from bench import procstat, report, stats
@@ -17,6 +19,47 @@ STAT = "4242 (beam.smp (x) y) S 4200 4242 4242 0 -1 4194560 100 0 0 0 1234 567 0
 def test_parse_stat_handles_parentheses_in_comm() -> None:
     s = procstat.parse_stat(STAT)
     assert (s.pid, s.comm, s.ppid, s.ticks) == (4242, "beam.smp (x) y", 4200, 1234 + 567)
+
+
+def test_parse_times_reads_user_and_system_apart() -> None:
+    assert procstat.parse_times(STAT) == (1234, 567)
+
+
+def test_part_of_tells_the_loop_threads_and_the_sync_process_apart() -> None:
+    assert procstat.part_of(100, 100, 100, "ha-broker --port 5672") == procstat.LOOP
+    assert procstat.part_of(100, 103, 100, "ha-broker --port 5672") == procstat.THREADS
+    assert procstat.part_of(104, 104, 100, "/usr/bin/python3 -I /x/broker/store/syncproc.py 3") == procstat.SYNC_PROCESS
+    assert procstat.part_of(105, 105, 100, "sh -c true") == procstat.CHILDREN
+
+
+def test_parts_delta_subtracts_and_counts_new_parts_whole() -> None:
+    before = {"loop": (1.0, 0.5), "other threads": (0.3, 0.1)}
+    after = {"loop": (3.5, 0.75), "other threads": (0.2, 0.1), "sync process": (0.4, 0.9)}
+    assert procstat.parts_delta(before, after) == {"loop": [2.5, 0.25], "other threads": [0.0, 0.0],
+                                                   "sync process": [0.4, 0.9]}
+
+
+def test_thread_parts_of_live_threads_and_a_child() -> None:
+    """A real spinning thread counts under "other threads", a child named like the sync process under its part."""
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)], daemon=True)
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass", "syncproc"])
+    spinner.start()
+    try:
+        me = os.getpid()
+        deadline = time.monotonic() + 30
+        while True:
+            parts = procstat.thread_parts(me, [me, child.pid])
+            if parts.get(procstat.THREADS, (0.0, 0.0))[0] >= 0.1 and parts.get(procstat.SYNC_PROCESS, (0.0,))[0] >= 0.1:
+                break
+            assert time.monotonic() < deadline, f"no CPU seen in the spinning thread and child: {parts}"
+            time.sleep(0.05)
+        assert procstat.LOOP in parts and procstat.CHILDREN not in parts
+    finally:
+        stop.set()
+        child.kill()
+        child.wait()
+        spinner.join()
 
 
 def test_machine_ticks_busy_excludes_idle_and_iowait() -> None:
