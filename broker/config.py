@@ -109,6 +109,11 @@ class BrokerConfig(BaseSettings):
     journal: bool = Field(True, description="journal durable queues and messages under --data-dir [on]")
     journal_segment_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024, le=1 << 31,
                                        description="size at which the journal starts a new segment [64 MiB]")
+    journal_stall_halt: float = Field(0.0, ge=0, le=3600,
+                                      description="end the broker (exit code 3) when no journal fdatasync has "
+                                                  "returned, or its event loop has waited in the journal, for this "
+                                                  "many seconds (a hung disk), so that a backup takes over; 0: only "
+                                                  "log it [0]")
     # Flow to disk: bytes queued messages may take in memory (0 = no bound). See broker/memory.py.
     max_memory: int = Field(0, ge=0, description="memory queued messages may take (bytes, or 512M, 2G); beyond it "
                                                  "durable queues page to disk and what cannot is refused [no bound]",

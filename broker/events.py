@@ -357,10 +357,16 @@ _EVENTS: tuple[Event, ...] = (
           (U("seconds", "the sync took"), U("off_seconds", "inline syncs stay off this long"))),
     Event("journal.sync.stalled", _WARN, _S, "a journal write has waited more than 5 s for its fdatasync: the disk "
           "hangs (a stalled network volume, a failing device) or the sync process is stopped; durable messages are "
-          "not settled meanwhile. `ha-status` shows it (JOURNAL SYNC STALLED)", (U("description"),
-                                                                                 U("seconds", "waited so far"))),
+          "not settled meanwhile. `ha-status` shows it (JOURNAL SYNC STALLED). Also logged (by a watchdog thread) "
+          "when the event loop itself has waited 5 s in a journal write or fdatasync: the broker then answers "
+          "nothing, `ha-status` included, until the disk returns", (U("description"),
+                                                                    U("seconds", "waited so far"))),
     Event("journal.sync.resumed", _WARN, _S, "the journal's fdatasyncs return again after `journal.sync.stalled`",
           (U("description"),)),
+    Event("journal.stall.halt", _ERR, _S, "no journal fdatasync has returned, or the event loop has waited in a "
+          "journal write or fdatasync, for `--journal-stall-halt` seconds: the broker ends itself (exit code 3) so "
+          "that a ready backup takes over; a thread stuck in the kernel ends when the disk returns",
+          (U("description"), U("seconds", "waited"))),
     Event("journal.syncer.started", _INFO, _S, "the journal's fdatasyncs run in a process of their own (a child of "
           "the broker, `python -I .../broker/store/syncproc.py`); it exits with the broker", (U("pid"),)),
     Event("journal.syncer.lost", _ERR, _S, "the journal's sync process could not be started or exited while the "

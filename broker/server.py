@@ -98,7 +98,8 @@ class Server:
         # comes before the HA layer's work, which may wait for it (a backup acknowledges what is on disk).
         self.store: Store | None = None
         if config.data_dir is not None and config.journal:
-            self.store = Store(self, config.data_dir / "journal", config.journal_segment_bytes, config.max_memory)
+            self.store = Store(self, config.data_dir / "journal", config.journal_segment_bytes, config.max_memory,
+                               config.journal_stall_halt)
             self.extensions.append(self.store)
         # --max-memory: flow to disk and refusals beyond it (after the store's commit: it pages what was written).
         self.memory: MemoryBound | None = None

@@ -218,6 +218,8 @@ class Journal:
         self.ends: deque[tuple[int, int, int, float]] = deque()  # (ticket, segment, size after it, monotonic time
         #                                                            of the write) of commits not known synced
         self.durable = (0, 0)  # (segment, bytes of it) known to be on disk: what each commit's MARK says
+        self.blocked_since = 0.0  # monotonic time the calling thread (the loop) entered a write or fdatasync of its
+        #                           own here, 0 when it is in none (read by the store's watchdog thread)
         self.syncer: Syncer | SyncProcess | None = None
         self._reports: tuple[Callable[[int], None], Callable[[int, OSError], None], Loop | None] | None = None
         self.preparer: Preparer | None = None
@@ -238,6 +240,13 @@ class Journal:
         """Start writing segment `number` (the prepared file if one is ready, else a new file that grows). The
         current segment is synced first, on the calling thread: a later segment exists on disk only once every
         earlier one is whole there, so a crash can tear only the last one."""
+        self.blocked_since = time.monotonic()
+        try:
+            self._open_segment(number)
+        finally:
+            self.blocked_since = 0.0
+
+    def _open_segment(self, number: int) -> None:
         if self.fd >= 0:
             try:
                 os.fdatasync(self.fd)
@@ -363,11 +372,15 @@ class Journal:
         data = b"".join(self.pending)
         self.pending = []
         self.pending_bytes = 0
-        _write_all(self.fd, data, self.size)
+        now = self.blocked_since = time.monotonic()
+        try:
+            _write_all(self.fd, data, self.size)
+        finally:
+            self.blocked_since = 0.0
         self.size += len(data)
         self.written += len(data)
         self.ticket += 1
-        self.ends.append((self.ticket, self.segment, self.size, time.monotonic()))
+        self.ends.append((self.ticket, self.segment, self.size, now))
         if self.size >= self.prepare_at and self.preparer is not None:
             self.prepare_at = 1 << 62
             self.preparer.want()
@@ -401,7 +414,7 @@ class Journal:
     def _sync_inline(self, ticket: int, fds: list[int]) -> bool:
         """fdatasync on the calling thread; True once on disk. On an error with a syncer thread, the thread is asked
         (it fails again there and reports it the usual way) and False is returned; without one, the error is raised."""
-        t0 = time.monotonic()
+        t0 = self.blocked_since = time.monotonic()
         try:
             for fd in fds:
                 os.fdatasync(fd)
@@ -410,6 +423,8 @@ class Journal:
                 raise
             self.syncer.request(ticket, fds)
             return False
+        finally:
+            self.blocked_since = 0.0
         self.mark_synced(ticket)
         took = time.monotonic() - t0
         if took > INLINE_SYNC_SLOW and self.syncer is not None:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from broker.errors import BrokerError
 from broker.extension import Extension
@@ -53,6 +54,42 @@ COMPACT_LIVE_FRACTION = 0.1  # the oldest segment is compacted when fewer of its
 PROBE_INTERVAL = 1.0  # seconds between attempts to write again after a failure
 SYNC_STALLED = 5.0  # a write whose fdatasync has not returned after this many seconds is reported (a hung disk)
 PROBE_HEADROOM = 1 << 20  # free bytes the disk needs before a failed journal is tried again
+
+
+class Watchdog(threading.Thread):
+    """Calls `fn` every `interval` seconds off the event loop: what notices the loop itself stuck."""
+
+    def __init__(self, fn: Callable[[], None], interval: float) -> None:
+        super().__init__(name="journal-watchdog", daemon=True)
+        self.fn, self.interval = fn, interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.fn()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+HALT_EXIT = 3  # the exit code of a broker that ended itself on a hung disk (--journal-stall-halt)
+
+
+def _off_thread(fn: Callable[[], None]) -> threading.Thread:
+    """Run `fn` (a log line) on a thread of its own: a log file on the hung disk must not hold the watchdog."""
+    t = threading.Thread(target=fn, name="journal-watchdog-log", daemon=True)
+    t.start()
+    return t
+
+
+def _halt(what: str, waited: float, limit: float) -> NoReturn:
+    """End the whole process now (a thread stuck in a system call goes when it returns): under ZooKeeper the session
+    expires and a ready backup is elected; under Pacemaker or the manager the member is seen gone."""
+    _off_thread(lambda: log.error(
+        "journal.stall.halt", seconds=round(waited, 1),
+        description=f"{what} (--journal-stall-halt {limit:g}): the broker ends itself so that a ready backup takes "
+                    "over")).join(1.0)
+    os._exit(HALT_EXIT)
 
 
 def _free_bytes(directory: Path) -> int:
@@ -254,8 +291,9 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
 
 class Store(Extension):
     def __init__(self, server: Server, directory: Path, segment_bytes: int = 64 * 1024 * 1024,
-                 max_memory: int = 0) -> None:
+                 max_memory: int = 0, stall_halt: float = 0.0) -> None:
         self.server = server
+        self.stall_halt = stall_halt  # --journal-stall-halt (0: off)
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.max_memory = max_memory
@@ -271,6 +309,7 @@ class Store(Extension):
         self.failed: str | None = None  # why durable work is refused (disk full, I/O error)
         self.stall_reported = False  # journal.sync.stalled was logged and the stall goes on
         self._sync_watch: Any = None  # the timer of the next `_watch_sync`
+        self._watchdog: Watchdog | None = None  # notices the loop itself stuck in the journal (`_watch_loop`)
         self.failures = 0
         self.state: dict[str, Any] = {}
         self.recovered = Recovered()
@@ -366,6 +405,8 @@ class Store(Extension):
                     q.observers.append(self)  # type: ignore[arg-type]
         self.journal.start(self._synced, self._sync_failed, self.server.engine)
         self._sync_watch = self.server.schedule(PROBE_INTERVAL, self._watch_sync)
+        self._watchdog = Watchdog(self._watch_loop, PROBE_INTERVAL)
+        self._watchdog.start()
         self.journal.defer_inline = True
         self.server.engine.after_flush = self.sync_deferred
         try:
@@ -383,6 +424,9 @@ class Store(Extension):
             if timer is not None:
                 timer.cancel()
         self._sync_watch = self._probe = None
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         self.journal.close()
         for fd in self.readers.values():
             os.close(fd)
@@ -674,8 +718,11 @@ class Store(Extension):
         return f"no fdatasync has returned for {waited:.0f} s: the disk hangs{who}; durable messages wait for it"
 
     def _watch_sync(self) -> None:
-        """Once a second: log a journal sync that hangs (`journal.sync.stalled`) and its end."""
+        """Once a second: log a journal sync that hangs (`journal.sync.stalled`) and its end; end the broker if it
+        hangs for --journal-stall-halt."""
         waited = self.sync_wait()
+        if self.stall_halt and waited >= self.stall_halt:
+            _halt(f"no fdatasync has returned for {waited:.0f} s", waited, self.stall_halt)
         if waited >= SYNC_STALLED and not self.stall_reported:
             self.stall_reported = True
             log.warning("journal.sync.stalled", description=self.stalled(), seconds=round(waited, 1))
@@ -683,6 +730,24 @@ class Store(Extension):
             self.stall_reported = False
             log.warning("journal.sync.resumed", description="the journal's fdatasyncs return again")
         self._sync_watch = self.server.schedule(PROBE_INTERVAL, self._watch_sync)
+
+    def _watch_loop(self) -> None:
+        """On the watchdog thread, once a second: the event loop itself has waited SYNC_STALLED or more in a write or
+        fdatasync of the journal (a small commit synced inline, a roll-over, a write into a frozen file system).
+        Logged from here because the loop cannot (nor can it answer `ha-status` meanwhile); the loop logs
+        `journal.sync.resumed` once it runs again and the sync is done (`_watch_sync`)."""
+        since = self.journal.blocked_since
+        if not since:
+            return
+        waited = time.monotonic() - since
+        if self.stall_halt and waited >= self.stall_halt:
+            _halt(f"the event loop has waited {waited:.0f} s in a journal write or fdatasync", waited, self.stall_halt)
+        if waited >= SYNC_STALLED and not self.stall_reported:
+            self.stall_reported = True
+            _off_thread(lambda: log.warning(
+                "journal.sync.stalled", seconds=round(waited, 1),
+                description=f"the event loop has waited {waited:.0f} s in a journal write or fdatasync: the disk hangs "
+                            "or its file system is frozen; the broker serves nothing until it returns"))
 
     def _retry(self) -> None:
         self._probe = None

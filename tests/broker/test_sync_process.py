@@ -5,6 +5,7 @@ returns."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from broker.store.journal import INLINE_SYNC_BYTES
 from tests.support.amqp import drain, mgmt, send
 from tests.support.bulk import number_of
 from tests.support.cluster import Cluster
+from tests.support.disks import FreezableDisk
 from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
 
 
@@ -113,3 +115,85 @@ def test_a_hung_sync_is_logged_and_shown_and_the_message_settles_when_it_returns
              what="journal.sync.resumed")
     assert status(b)["journal_stalled"] is None
     assert [number_of(x) for x in drain(b.url, "q")] == [0]
+
+
+def test_a_loop_stuck_in_a_journal_write_is_logged_and_the_message_settles_when_it_returns(
+        brokers: BrokerFactory, freezable_disk: FreezableDisk) -> None:
+    """A hung disk can hold the event loop itself (a write into a frozen or stalled file system, a small commit's
+    inline fdatasync): then nothing on the loop can report it, so a watchdog thread does."""
+    b = brokers("--journal-segment-bytes", str(4 * 1024 * 1024), start=False)
+    b.data_dir = freezable_disk.path / "data"
+    b.start()
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "q", {"arguments": {"durable": True}})
+    freezable_disk.freeze()  # the journal's next write blocks until the thaw
+    try:
+        sender = threading.Thread(target=send, args=(b.url, "q", ["0:x"]), kwargs={"timeout": 60, "durable": True})
+        sender.start()
+        stalled = wait_for(lambda: next((e for e in b.events(since_start=True) if e["event"] == "journal.sync.stalled"),
+                                        None), 15, what="journal.sync.stalled while the loop is stuck")
+        assert "the event loop has waited" in stalled["description"] and stalled["seconds"] >= 5
+        assert sender.is_alive()  # not settled: it waits for the disk
+    finally:
+        freezable_disk.thaw()
+    sender.join(30)
+    assert not sender.is_alive()
+    wait_for(lambda: [e for e in b.events(since_start=True) if e["event"] == "journal.sync.resumed"], 5,
+             what="journal.sync.resumed")
+    assert [number_of(x) for x in drain(b.url, "q")] == [0]
+
+
+def send_quietly(url: str, bodies: list[str]) -> None:
+    """A durable send that may fail (its broker is about to end itself)."""
+    with contextlib.suppress(Exception):
+        send(url, "q", bodies, timeout=60, durable=True)
+
+
+def test_with_stall_halt_a_broker_stuck_on_its_disk_ends_itself_and_keeps_what_it_acknowledged(
+        brokers: BrokerFactory, freezable_disk: FreezableDisk) -> None:
+    """--journal-stall-halt: a broker whose loop is held by its disk ends itself, so that a ready backup can take
+    over (under ZooKeeper nothing else would: the session is kept by a thread of its own). Every thread but the
+    stuck one ends at once; the process is gone once the disk returns, and what it acknowledged is kept."""
+    b = brokers("--journal-segment-bytes", str(4 * 1024 * 1024), "--journal-stall-halt", "6", start=False)
+    b.data_dir = freezable_disk.path / "data"
+    b.start()
+    assert b.proc is not None
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "q", {"arguments": {"durable": True}})
+    send(b.url, "q", [f"{i}:x" for i in range(5)], durable=True)  # acknowledged
+    freezable_disk.freeze()
+    try:
+        threading.Thread(target=send_quietly, args=(b.url, ["5:x"]), daemon=True).start()
+        halted = wait_for(lambda: next((e for e in b.events(since_start=True) if e["event"] == "journal.stall.halt"),
+                                       None), 20, what="journal.stall.halt")
+        assert "the event loop has waited" in halted["description"] and "--journal-stall-halt 6" in halted["description"]
+        pid = b.proc.pid
+        wait_for(lambda: len(os.listdir(f"/proc/{pid}/task")) <= 1, 5, what="every thread but the stuck one to end")
+    finally:
+        freezable_disk.thaw()
+    assert b.proc.wait(30) == 3
+    b.start()
+    got = [number_of(x) for x in drain(b.url, "q")]
+    assert got in (list(range(5)), list(range(6)))  # the unacknowledged one may or may not have reached the disk
+
+
+def test_with_stall_halt_a_hung_sync_process_ends_the_broker(brokers: BrokerFactory) -> None:
+    b = brokers("--journal-stall-halt", "6")
+    assert b.proc is not None
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "q", {"arguments": {"durable": True}})
+    send(b.url, "q", [f"{i}:x" for i in range(5)], durable=True)
+    pid = sync_pid(b)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        big = "5:".ljust(INLINE_SYNC_BYTES + 100, "x")  # too big for the loop's inline sync: the process must sync it
+        threading.Thread(target=send_quietly, args=(b.url, [big]), daemon=True).start()
+        assert b.proc.wait(20) == 3
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    halted = next(e for e in b.events(since_start=True) if e["event"] == "journal.stall.halt")
+    assert halted["description"].startswith("no fdatasync has returned for")
+    wait_for(lambda: gone(pid), 5, what="the sync process to exit after its broker")
+    b.start()
+    assert [number_of(x) for x in drain(b.url, "q")][:5] == list(range(5))
