@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.disks import FreezableDisk
+from tests.support.disks import FreezableDisk, mounted_freezable_disk
 
 pytest.register_assert_rewrite("tests.broker.helpers")
 
@@ -29,18 +29,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def freezable_disk(tmp_path: Path) -> Iterator[FreezableDisk]:
-    """A 128 MiB loop-mounted ext4 file system, thawed and unmounted afterwards (root only)."""
+    """A loop-mounted ext4 file system the test can freeze (root only)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a loop device needs root")
-    image, mnt = tmp_path / "disk.img", tmp_path / "frozen"
-    mnt.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(128 * 1024 * 1024)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, timeout=60)
-    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, timeout=30)
-    disk = FreezableDisk(mnt)
-    try:
+    with mounted_freezable_disk(tmp_path) as disk:
         yield disk
-    finally:
-        disk.thaw()
-        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -18,3 +20,21 @@ class FreezableDisk:
 
     def thaw(self) -> None:
         subprocess.run(["fsfreeze", "--unfreeze", str(self.path)], check=False, timeout=30, capture_output=True)
+
+
+@contextmanager
+def mounted_freezable_disk(directory: Path) -> Iterator[FreezableDisk]:
+    """A 128 MiB ext4 file system in an image under `directory`, loop-mounted; thawed and unmounted afterwards
+    (lazily: a broker may still have files open on it)."""
+    image, mnt = directory / "disk.img", directory / "frozen"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(128 * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, timeout=60)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, timeout=30)
+    disk = FreezableDisk(mnt)
+    try:
+        yield disk
+    finally:
+        disk.thaw()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ from proton import Message, ProtonException, Timeout
 from tests.support.amqp import connect, drain, mgmt
 from tests.support.bulk import fill
 from tests.support.cluster import Cluster
+from tests.support.disks import mounted_freezable_disk
 from tests.support.procs import BrokerFactory, wait_for
 from tests.zk.conftest import ZkTest
 
@@ -248,8 +252,6 @@ def test_backup_that_is_not_ready_never_wins_and_ha_status_says_the_cluster_wait
 
 def test_leader_killed_under_load_clients_resume_nothing_acknowledged_lost(zk: ZkTest,
                                                                           brokers: BrokerFactory) -> None:
-    from pathlib import Path
-
     from tests.support.numbered import spawn
 
     c = zk_cluster(brokers, zk)
@@ -301,3 +303,42 @@ def test_whole_cluster_restart_promotes_the_newest_store_never_an_older_one(zk: 
     assert winner != stale
     assert drain(c[winner].url, "dq") == list(range(1, 1001))
     check_history(c)
+
+
+def send_one_quietly(url: str) -> None:
+    """A durable message that the primary takes but cannot journal (its broker ends itself meanwhile)."""
+    with contextlib.suppress(Exception):
+        fill(url, "dq", 1, start=51, durable=True)
+
+
+def test_a_primary_whose_disk_hangs_ends_itself_with_stall_halt_and_its_backup_is_elected(
+        zk: ZkTest, brokers: BrokerFactory, tmp_path: Path) -> None:
+    """A primary held by its disk keeps its ZooKeeper session (kazoo's own thread answers the pings), so nothing
+    would elect another broker. With --journal-stall-halt it ends itself: the session expires, the ready backup is
+    elected with every message the old primary acknowledged, and the old process is gone once its disk returns."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a loop device needs root")
+    halt = 4
+    with mounted_freezable_disk(tmp_path) as disk:
+        c = zk_cluster(brokers, zk, n=2, extra=("--journal-stall-halt", str(halt)))
+        c[0].data_dir = disk.path / "b1"  # only the first broker's journal is on the disk that will hang
+        c.start(0)
+        assert wait_primary(c) == 0
+        c.start(1)
+        c.wait_state(1, "ready")
+        with mgmt(c[0].url) as m:
+            m.call("CREATE", "queue", "dq", {"arguments": {"durable": True}})
+        fill(c[0].url, "dq", 50, durable=True)  # acknowledged: on both journals
+        disk.freeze()
+        try:
+            threading.Thread(target=send_one_quietly, args=(c[0].url,), daemon=True).start()  # held by the disk
+            wait_for(lambda: (Cluster.try_status(c[1]) or {}).get("role") == "primary", halt + SESSION + 15, 0.1,
+                     what="the backup elected after the primary ended itself")
+            halted = next(e for e in c[0].events() if e["event"] == "journal.stall.halt")
+            assert "the event loop has waited" in halted["description"]
+        finally:
+            disk.thaw()
+        assert c[0].proc is not None and c[0].proc.wait(30) == 3
+        assert drain(c[1].url, "dq")[:50] == list(range(1, 51))
+        assert Cluster.status(c[1])["epoch"] >= 2
+        check_history(c)
