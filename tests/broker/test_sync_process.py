@@ -154,7 +154,7 @@ def test_with_stall_halt_a_broker_stuck_on_its_disk_ends_itself_and_keeps_what_i
     """--journal-stall-halt: a broker whose loop is held by its disk ends itself, so that a ready backup can take
     over (under ZooKeeper nothing else would: the session is kept by a thread of its own). Every thread but the
     stuck one ends at once; the process is gone once the disk returns, and what it acknowledged is kept."""
-    b = brokers("--journal-segment-bytes", str(4 * 1024 * 1024), "--journal-stall-halt", "6", start=False)
+    b = brokers("--journal-segment-bytes", str(4 * 1024 * 1024), "--journal-stall-halt", "3", start=False)
     b.data_dir = freezable_disk.path / "data"
     b.start()
     assert b.proc is not None
@@ -166,7 +166,7 @@ def test_with_stall_halt_a_broker_stuck_on_its_disk_ends_itself_and_keeps_what_i
         threading.Thread(target=send_quietly, args=(b.url, ["5:x"]), daemon=True).start()
         halted = wait_for(lambda: next((e for e in b.events(since_start=True) if e["event"] == "journal.stall.halt"),
                                        None), 20, what="journal.stall.halt")
-        assert "the event loop has waited" in halted["description"] and "--journal-stall-halt 6" in halted["description"]
+        assert "the event loop has waited" in halted["description"] and "--journal-stall-halt 3" in halted["description"]
         pid = b.proc.pid
         wait_for(lambda: len(os.listdir(f"/proc/{pid}/task")) <= 1, 5, what="every thread but the stuck one to end")
     finally:
@@ -178,7 +178,7 @@ def test_with_stall_halt_a_broker_stuck_on_its_disk_ends_itself_and_keeps_what_i
 
 
 def test_with_stall_halt_a_hung_sync_process_ends_the_broker(brokers: BrokerFactory) -> None:
-    b = brokers("--journal-stall-halt", "6")
+    b = brokers("--journal-stall-halt", "3")
     assert b.proc is not None
     with mgmt(b.url) as m:
         m.call("CREATE", "queue", "q", {"arguments": {"durable": True}})
