@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 
 class FreezableDisk:
@@ -25,7 +28,9 @@ class FreezableDisk:
 @contextmanager
 def mounted_freezable_disk(directory: Path) -> Iterator[FreezableDisk]:
     """A 128 MiB ext4 file system in an image under `directory`, loop-mounted; thawed and unmounted afterwards
-    (lazily: a broker may still have files open on it)."""
+    (lazily: a broker may still have files open on it). Skips the test unless run as root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a loop device needs root")
     image, mnt = directory / "disk.img", directory / "frozen"
     mnt.mkdir()
     with open(image, "wb") as f:
