@@ -80,8 +80,36 @@ def broker_id(cfg: BrokerConfig) -> str:
     return f"broker-{uuid.uuid4().hex[:8]}"
 
 
+def data_dir_problem(path: Path) -> str | None:
+    """Why `path` cannot be the broker's data directory (made if missing), or None."""
+    if path.exists() and not path.is_dir():
+        return "not a directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create it: {e.strerror or e}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "not writable" + (" (a read-only file system)" if _read_only(path) else "")
+    return None
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
-    bid = broker_id(cfg)
+    problem = data_dir_problem(cfg.data_dir) if cfg.data_dir is not None else None
+    if problem is None:
+        try:
+            bid = broker_id(cfg)
+        except OSError as e:  # the id file unreadable or unwritable
+            problem = f"{e.filename}: {e.strerror or e}"
+    if problem is not None:
+        click.echo(f"ha-broker: --data-dir {cfg.data_dir}: {problem}", err=True)
+        return 2
     blog.configure(bid, cfg.log_level, cfg.log_file)
     users = {}
     if cfg.users_file is not None:

@@ -340,8 +340,9 @@ _EVENTS: tuple[Event, ...] = (
           "record that no later commit saw on disk): cut off at start with everything after it; only unconfirmed "
           "messages can be in it", (U("bytes", "cut off the last segment (up to its last byte that is not zero)"),
                                     U("description", "what was incomplete"))),
-    Event("journal.refused", _ERR, _S, "the journal is damaged (not a torn tail) or of a newer format: the broker "
-          "does not start (exit code 2); `description` says where and how to cut it",
+    Event("journal.refused", _ERR, _S, "the journal is damaged (not a torn tail), of a newer format, or a file of it "
+          "cannot be opened or read (named with the system's reason): the broker does not start (exit code 2); "
+          "`description` says where, and for damage how to cut it",
           (U("description"),)),
     Event("journal.failed", _ERR, _S, "a journal write or fdatasync failed (e.g. disk full): durable messages "
           "are refused until a write succeeds again (probed every second); non-durable traffic carries on",

@@ -327,13 +327,15 @@ class Store(Extension):
     def recover(self) -> Recovered:
         """Rebuild durable wiring and messages from the journal (before the broker listens). Raises JournalError."""
         t0 = time.monotonic()
-        self.directory.mkdir(parents=True, exist_ok=True)
         # Millions of objects are made and none is garbage: the cyclic collector would walk them again and again
         # (about a third of the time of a 1M recovery). Off for the replay; `gc.freeze` then keeps them out of
         # later full collections too.
         gc.disable()
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
             return self._recover(t0)
+        except OSError as e:  # a file that cannot be opened, read or made: name it (not "cannot listen")
+            raise R.JournalError(f"journal: {e.filename or self.directory}: {e.strerror or e}") from None
         finally:
             gc.enable()
             gc.freeze()

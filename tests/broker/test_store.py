@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from proton.utils import BlockingConnection, SendException
 from broker.store import records as R
 from tests.support.amqp import drain, mgmt, receive, send
 from tests.support.bulk import fill, number_of
-from tests.support.procs import BrokerFactory, BrokerProcess, wait_for
+from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
 
 
 def journal_dir(b: BrokerProcess) -> Path:
@@ -215,6 +216,60 @@ def test_a_journal_from_a_newer_format_is_refused(brokers: BrokerFactory) -> Non
     assert proc is not None
     assert proc.wait(30) == 2
     assert f"journal format {R.FORMAT + 1} is newer than this broker's" in b.stderr_file.read_text()
+
+
+def test_a_data_dir_that_is_a_file_or_cannot_be_made_stops_the_broker_with_a_message(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep\n")
+    for data_dir, expected in [(a_file, f"--data-dir {a_file}: not a directory"),
+                               (a_file / "data", f"--data-dir {a_file / 'data'}: cannot create it: Not a directory")]:
+        r = subprocess.run([str(BIN / "ha-broker"), "--port", "0", "--data-dir", str(data_dir)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == f"ha-broker: {expected}"  # one line, no traceback
+    assert a_file.read_text() == "keep\n"
+
+
+def test_a_journal_file_that_cannot_be_opened_is_named_and_the_journal_left_intact(brokers: BrokerFactory) -> None:
+    b = brokers()
+    durable_queue(b, "q")
+    send(b.url, "q", ["one", "two"], durable=True)
+    b.kill()
+    before = {p.name: p.read_bytes() for p in segments(b)}
+    blocker = journal_dir(b) / "99999999.jnl"  # a directory where a segment file should be
+    blocker.mkdir()
+    proc = b.start(wait=False).proc
+    assert proc is not None
+    assert proc.wait(30) == 2
+    assert f"ha-broker: journal: {blocker}: Is a directory" in b.stderr_file.read_text()  # not "cannot listen"
+    assert [e["description"] for e in b.events(since_start=True) if e["event"] == "journal.refused"] == [
+        f"journal: {blocker}: Is a directory"]
+    assert {p.name: p.read_bytes() for p in segments(b) if p.is_file()} == before
+    blocker.rmdir()
+    b.start()
+    assert drain(b.url, "q") == ["one", "two"]
+
+
+def test_a_read_only_data_dir_stops_the_broker_with_a_message_and_keeps_its_messages(
+        brokers: BrokerFactory) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    b = brokers()
+    durable_queue(b, "q")
+    send(b.url, "q", ["kept"], durable=True)
+    b.kill()
+    d = str(b.data_dir)
+    subprocess.run(["mount", "--bind", d, d], check=True, timeout=30)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", d], check=True, timeout=30)
+        proc = b.start(wait=False).proc
+        assert proc is not None
+        assert proc.wait(30) == 2
+        assert f"ha-broker: --data-dir {d}: not writable (a read-only file system)" in b.stderr_file.read_text()
+    finally:
+        subprocess.run(["umount", d], check=True, timeout=30)
+    b.start()
+    assert drain(b.url, "q") == ["kept"]
 
 
 def test_old_segments_are_dropped_or_compacted_and_recovery_is_exact(brokers: BrokerFactory) -> None:
