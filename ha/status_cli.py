@@ -275,11 +275,13 @@ def check(broker: str, expect: str | None, timeout: float, user: str | None, pas
               help="any member's host:port, or several, comma separated: the first that answers")
 @click.option("--all", "all_members", is_flag=True, help="also show each member's epoch and position")
 @click.option("-f", "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("-w", "--watch", type=float, default=None, help="refresh every SECONDS until Ctrl-C")
+@click.option("-w", "--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+              help="refresh every SECONDS until Ctrl-C")
 @click.option("--expect", type=click.Choice(EXPECTABLE), default=None,
               help="only check: exit 0 if this broker is in STATE (or has this role), 1 otherwise")
 @click.option("--is-primary", is_flag=True, help="only check: exit 0 if this broker is the primary, 1 otherwise")
-@click.option("--timeout", default=5.0, show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="seconds to wait for an answer")
 @click.option("--user", default=None)
 @click.option("--password", default=None)
 @click.option("--zk-hosts", default=None, help="read the cluster from ZooKeeper instead of a broker")

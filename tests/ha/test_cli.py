@@ -56,6 +56,16 @@ def test_ha_admin_errors_are_one_line_with_exit_1(cluster: Make, brokers: Broker
     assert q["role"] == "backup" and q["state"] == "ready" and q["name"] == "b2"
 
 
+def test_a_watch_or_timeout_that_is_not_a_positive_number_is_a_usage_error() -> None:
+    for command, args, flag in [("ha-status", ["--watch", "-1"], "'-w' / '--watch'"),
+                                ("ha-status", ["--watch", "0"], "'-w' / '--watch'"),
+                                ("ha-status", ["--timeout", "0"], "'--timeout'"),
+                                ("ha-admin", ["--timeout", "-2", "ping"], "'--timeout'")]:
+        r = run(command, "--broker", "127.0.0.1:1", *args)
+        assert r.returncode == 2, (command, args, r.stderr)
+        assert f"Error: Invalid value for {flag}" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_demote_returns_primary_to_backup_and_another_can_take_over(cluster: Make) -> None:
     c = cluster(2)
     c.start_with_primary(0)
