@@ -33,6 +33,7 @@ from broker.config import (
     flag_specs,
     load_config,
 )
+from broker.datadir import data_dir_problem
 from broker.metrics import MetricsError, MetricsServer
 from broker.server import Server
 from broker.store.records import JournalError
@@ -78,26 +79,6 @@ def broker_id(cfg: BrokerConfig) -> str:
         f.write_text(new + "\n")
         return new
     return f"broker-{uuid.uuid4().hex[:8]}"
-
-
-def data_dir_problem(path: Path) -> str | None:
-    """Why `path` cannot be the broker's data directory (made if missing), or None."""
-    if path.exists() and not path.is_dir():
-        return "not a directory"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        return f"cannot create it: {e.strerror or e}"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return "not writable" + (" (a read-only file system)" if _read_only(path) else "")
-    return None
-
-
-def _read_only(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
 
 
 def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:

@@ -30,6 +30,7 @@ import click
 from rich.console import Console
 
 from broker.client import ManagementClient, ManagementError
+from broker.datadir import data_dir_problem
 from ha import protocol as P
 from ha.core.epoch import Rank, best_candidate
 from ha.core.restart import ReadyView, RestartAction, Standing, decide_restart
@@ -41,6 +42,8 @@ RESTART_WAIT = 30.0  # seconds a whole-cluster restart waits for brokers that do
 # is lost if another broker takes over (docs/replication.md "--ha-min-ready-backups"); the chaos run found it.
 MIN_READY_BACKUPS = 1
 FENCE_AFTER = 5.0  # seconds a primary that lives may go without answering STATUS before it is killed (fenced)
+REFUSED_EXIT = 2  # ha-broker's exit code for a configuration or journal it will not start with (docs/broker.md)
+REFUSED_RETRY = 30.0  # seconds between starts of a broker that refused to (it will again until someone mends it)
 
 
 @dataclass
@@ -54,6 +57,22 @@ class Member:
     status: dict[str, Any] | None = field(default=None)
     answered: dict[str, Any] | None = None  # the last STATUS this process answered (None: none since its start)
     silent_since: float | None = None  # when it last stopped answering while alive
+    retry_at: float | None = None  # it refused to start: when to try again
+
+    @property
+    def refused(self) -> bool:
+        """Dead with the exit code of a broker that will not start as it is (a bad flag, a damaged journal)."""
+        return self.proc is not None and self.proc.poll() == REFUSED_EXIT
+
+    def last_words(self) -> str:
+        """The last line the broker wrote on stderr (its DATA_DIR/broker.log), e.g. why it refused to start."""
+        try:
+            with open(self.data_dir / "broker.log", "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return "no output"
+        return lines[-1].strip() if lines else "no output"
 
     @property
     def url(self) -> str:
@@ -234,10 +253,19 @@ class Manager:
             self.say(f"{what} of {target.name} failed: {e}")
 
     def _restart_dead(self) -> None:
+        now = self.clock()
         for m in self.members:
-            if not m.alive:
-                self.say(f"{m.name} is down: restarting it as a backup")
-                m.start()
+            if m.alive:
+                continue
+            if m.refused and (m.retry_at is None or now < m.retry_at):
+                if m.retry_at is None:  # say why once per attempt, not every turn
+                    m.retry_at = now + REFUSED_RETRY
+                    self.say(f"{m.name} refused to start (exit code {REFUSED_EXIT}: {m.last_words()}): starting it "
+                             f"again every {REFUSED_RETRY:g} s until that is mended")
+                continue
+            self.say(f"{m.name} is down: restarting it as a backup")
+            m.retry_at = None
+            m.start()
 
 
 def make_members(brokers: int, base_port: int, data_dir: Path, heartbeat: float, extra: list[str] | None = None,
@@ -273,11 +301,15 @@ def replication_secret(data_dir: Path) -> str:
 
 
 @click.command()
-@click.option("--brokers", "-n", default=3, show_default=True, help="how many brokers (1 primary + backups)")
-@click.option("--base-port", default=5672, show_default=True, help="first broker's port; the others follow")
+@click.option("--brokers", "-n", default=3, show_default=True, type=click.IntRange(min=1),
+              help="how many brokers (1 primary + backups)")
+@click.option("--base-port", default=5672, show_default=True, type=click.IntRange(min=1, max=65535),
+              help="first broker's port; the others follow")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path(".understudy"), show_default=True)
-@click.option("--heartbeat", default=1.0, show_default=True, help="HA heartbeat seconds")
-@click.option("--status-every", default=10.0, show_default=True, help="print ha-status every SECONDS (0: never)")
+@click.option("--heartbeat", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True, max=600),
+              help="HA heartbeat seconds")
+@click.option("--status-every", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="print ha-status every SECONDS (0: never)")
 @click.option("--fence-after", default=FENCE_AFTER, show_default=True, type=click.FloatRange(min=0.5),
               help="kill a primary that lives but has not answered for SECONDS, then promote a backup")
 @click.option("--min-ready-backups", default=MIN_READY_BACKUPS, show_default=True, type=click.IntRange(min=0),
@@ -286,6 +318,13 @@ def replication_secret(data_dir: Path) -> str:
 def main(brokers: int, base_port: int, data_dir: Path, heartbeat: float, status_every: float, fence_after: float,
          min_ready_backups: int, once: bool) -> None:
     """Run a local Understudy cluster on 127.0.0.1 until Ctrl-C."""
+    if base_port + brokers - 1 > 65535:
+        raise click.BadParameter(f"{brokers} brokers from port {base_port} would need ports above 65535",
+                                 param_hint="'--base-port'")
+    problem = data_dir_problem(data_dir)
+    if problem is not None:
+        click.echo(f"understudy-cluster: --data-dir {data_dir}: {problem}", err=True)
+        sys.exit(2)
     members = make_members(brokers, base_port, data_dir, heartbeat, min_ready=min_ready_backups)
     url = ",".join(m.url for m in members)
     for m in members:

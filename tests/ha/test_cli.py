@@ -66,6 +66,18 @@ def test_a_watch_or_timeout_that_is_not_a_positive_number_is_a_usage_error() -> 
         assert f"Error: Invalid value for {flag}" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_understudy_cluster_refuses_bad_values_before_starting_any_broker(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for args, expected in [(["-n", "0"], "Invalid value for '--brokers' / '-n'"),
+                           (["--base-port", "65535"], "3 brokers from port 65535 would need ports above 65535"),
+                           (["--heartbeat", "0"], "Invalid value for '--heartbeat'"),
+                           (["--data-dir", str(a_file)], f"understudy-cluster: --data-dir {a_file}: not a directory")]:
+        r = run("understudy-cluster", "--once", *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert expected in r.stderr and "Traceback" not in r.stderr and "starting" not in r.stderr
+
+
 def test_demote_returns_primary_to_backup_and_another_can_take_over(cluster: Make) -> None:
     c = cluster(2)
     c.start_with_primary(0)

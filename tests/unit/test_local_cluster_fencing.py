@@ -129,3 +129,28 @@ def test_of_two_primaries_the_older_epoch_is_demoted() -> None:
     b1.answer = status("b1", "primary", "active", epoch=2)  # the same epoch: nobody to prefer, nobody demoted
     mgr.step()
     assert mgr.requests == [("DEMOTE", "b1")] and mgr.promoted == []  # type: ignore[attr-defined]
+
+
+def test_a_broker_that_refuses_to_start_is_started_again_every_30_s_and_says_why(tmp_path: Path) -> None:
+    """Exit code 2 (a bad flag, a damaged journal) will come again: not a restart every turn, but one every 30 s,
+    with the broker's own last line; a broker that crashed (SIGKILL) is restarted at once."""
+    mgr, (_, b2, b3), clock, said = cluster()
+    b3.data_dir = tmp_path
+    why = "ha-broker: journal: /d/journal/00000002.jnl: Is a directory"
+    (tmp_path / "broker.log").write_text(f"earlier output\n{why}\n")
+    b3.proc.returncode = 2  # type: ignore[union-attr]
+    mgr.step()
+    refused = f"b3 refused to start (exit code 2: {why}): starting it again every 30 s until that is mended"
+    assert b3.starts == 0 and said[-1] == refused
+    clock.now += 29.0
+    mgr.step()
+    assert b3.starts == 0 and said.count(refused) == 1
+    clock.now += 1.0
+    mgr.step()
+    assert b3.starts == 1 and said[-1] == "b3 is down: restarting it as a backup"
+    b3.proc.returncode = 2  # type: ignore[union-attr]  # refused again
+    mgr.step()
+    assert b3.starts == 1 and said.count(refused) == 2
+    b2.proc.kill()  # type: ignore[union-attr]  # a crash: no waiting
+    mgr.step()
+    assert b2.starts == 1
