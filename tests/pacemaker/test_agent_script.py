@@ -75,6 +75,25 @@ def test_validate_all_reports_bad_values_as_misconfigured(
     assert f"ocf-exit-reason:{message}" in proc.stderr
 
 
+def test_validate_all_reports_a_data_dir_that_is_a_file_as_not_installed(
+    params: dict[str, str], tmp_path: Path
+) -> None:
+    Path(params["data_dir"]).write_text("")
+    proc = run_agent("validate-all", params)
+    assert proc.returncode == 5  # OCF_ERR_INSTALLED: this node's problem, the resource may run elsewhere
+    assert f"ocf-exit-reason:data_dir: {params['data_dir']} is not a directory" in proc.stderr
+
+
+def test_a_broker_that_refuses_to_start_gives_its_reason_as_the_exit_reason(params: dict[str, str]) -> None:
+    blocker = Path(params["data_dir"]) / "journal" / "00000001.jnl"
+    blocker.mkdir(parents=True)  # a directory where the first segment should be: ha-broker exits 2
+    proc = run_agent("start", params)
+    assert proc.returncode == 1  # OCF_ERR_GENERIC
+    assert (f"ocf-exit-reason:ha-broker exited with 2: ha-broker: journal: {blocker}: Is a directory; see "
+            f"{params['data_dir']}/broker.out") in proc.stderr
+    assert run_agent("monitor", params).returncode == 7  # not running
+
+
 def test_missing_required_parameter_is_misconfigured(params: dict[str, str]) -> None:
     del params["brokers_url"]
     proc = run_agent("monitor", params)
