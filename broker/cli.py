@@ -34,7 +34,6 @@ from broker.config import (
     load_config,
 )
 from broker.datadir import data_dir_problem
-from broker.metrics import MetricsError, MetricsServer
 from broker.server import Server
 from broker.store.records import JournalError
 from broker.tls import TlsError, config_problems
@@ -131,8 +130,12 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
         except AdminSocketError as e:
             click.echo(f"ha-broker: --admin-socket: {e}", err=True)
             return 1
-    metrics = MetricsServer(cfg.host, cfg.metrics_port, server) if cfg.metrics_port is not None else None
-    if metrics is not None:
+    metrics = None
+    if cfg.metrics_port is not None:
+        # prometheus_client only when asked for (a broker's start is mostly imports)
+        from broker.metrics import MetricsError, MetricsServer
+
+        metrics = MetricsServer(cfg.host, cfg.metrics_port, server)
         try:
             metrics.open()
         except MetricsError as e:

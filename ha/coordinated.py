@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Protocol
 from broker.log import get_logger
 from ha.coordination.base import Callbacks, ClusterView, Coordinator, MemberRecord
 from ha.coordination.election import Action, Decision, decide, restarted_with_newest_store
-from ha.coordination.zookeeper import ZooKeeperCoordinator
 from ha.core.states import HaState
 
 if TYPE_CHECKING:
@@ -79,6 +78,8 @@ class CoordinatedRole:
 
     @classmethod
     def zookeeper(cls, node: NodeSide) -> CoordinatedRole:
+        from ha.coordination.zookeeper import ZooKeeperCoordinator  # kazoo: only under ZooKeeper (start time)
+
         cfg = node.config
         assert cfg.zk_hosts is not None
         coord = ZooKeeperCoordinator(cfg.zk_hosts, cfg.zk_path, node.server.id, node.address,
