@@ -33,7 +33,7 @@ from broker.config import (
     flag_specs,
     load_config,
 )
-from broker.datadir import data_dir_problem
+from broker.datadir import DataDirInUse, data_dir_problem, lock_data_dir
 from broker.server import Server
 from broker.store.records import JournalError
 from broker.tls import TlsError, config_problems
@@ -80,13 +80,20 @@ def broker_id(cfg: BrokerConfig) -> str:
     return f"broker-{uuid.uuid4().hex[:8]}"
 
 
+_held: list[int] = []  # the data directory's lock (broker.datadir): open for the life of the process
+
+
 def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     problem = data_dir_problem(cfg.data_dir) if cfg.data_dir is not None else None
     if problem is None:
         try:
+            if cfg.data_dir is not None:
+                _held.append(lock_data_dir(cfg.data_dir))  # held until the process ends
             bid = broker_id(cfg)
-        except OSError as e:  # the id file unreadable or unwritable
-            problem = f"{e.filename}: {e.strerror or e}"
+        except DataDirInUse as e:
+            problem = str(e)
+        except OSError as e:  # the lock or id file cannot be made or read
+            problem = f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
     if problem is not None:
         click.echo(f"ha-broker: --data-dir {cfg.data_dir}: {problem}", err=True)
         return 2

@@ -1,10 +1,27 @@
-"""Can a directory hold a broker's data (`ha-broker --data-dir`, `understudy-cluster --data-dir`)? Checked at start,
-so that a bad one is one precise line instead of a traceback or a misleading error later."""
+"""The broker's data directory (`ha-broker --data-dir`, `understudy-cluster --data-dir`): checked at start, so that
+a bad one is one precise line instead of a traceback or a misleading error later, and held by one broker at a time.
+
+The hold is an exclusive `flock` on DATA_DIR/lock for the life of the process (the kernel drops it when the process
+ends, SIGKILL included: no stale lock to clean up), as Artemis' `server.lock` and qpidd's data-directory lock do:
+two brokers writing one journal would corrupt it. The file holds the holder's pid, for the message of the next."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
+
+LOCK_FILE = "lock"
+
+
+class DataDirInUse(Exception):
+    """Another process holds the data directory's lock; `holder` is the pid it wrote there (or '?')."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(f"in use by another process, pid {holder} (it holds {path / LOCK_FILE}: a broker, or "
+                         "ha-admin journal cut): two brokers on one data directory would corrupt its journal")
+        self.holder = holder
 
 
 def data_dir_problem(path: Path) -> str | None:
@@ -18,6 +35,25 @@ def data_dir_problem(path: Path) -> str | None:
     if not os.access(path, os.W_OK | os.X_OK):
         return "not writable" + (" (a read-only file system)" if _read_only(path) else "")
     return None
+
+
+def lock_data_dir(path: Path) -> int:
+    """Take DATA_DIR/lock for the life of this process and write our pid into it; returns the descriptor, which
+    must stay open (not inherited: close-on-exec). Raises DataDirInUse when another process holds it, OSError when
+    the file cannot be made."""
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DataDirInUse(path, holder) from None
+    except OSError:
+        os.close(fd)
+        raise
+    with contextlib.suppress(OSError):  # the pid is for the message of the next; a full disk must not stop a start
+        os.pwrite(fd, f"{os.getpid():<10}\n".encode(), 0)  # one width, in place: no truncation, no new block
+    return fd
 
 
 def _read_only(path: Path) -> bool:

@@ -370,9 +370,17 @@ def journal_cut(data_dir: Path, yes: bool) -> None:
     broker starts with (clean, or a torn tail it cuts itself), 1 when refused (a broker holds it) or declined,
     5 or 6 (as check) for a newer format or an unreadable file, which a cut does not touch, 2 for a wrong
     directory."""
+    from broker import datadir
     from broker.store import tools
 
     base, jdir = _journal_dir(data_dir)
+    try:  # held until ha-admin exits: no broker (of this release) starts on the journal during the cut
+        datadir.lock_data_dir(base)
+    except datadir.DataDirInUse as e:
+        fail(f"refusing to cut: a broker holds {jdir} (pid {e.holder} holds {base / datadir.LOCK_FILE}); stop it "
+             "first")
+    except OSError:
+        pass  # no lock file to be made here: the checks below still stand
 
     def refuse_if_held() -> None:
         held, notes = tools.holders(base, jdir)

@@ -338,6 +338,11 @@ class Journal:
         self.retired.clear()
 
     # ----- appending -----------------------------------------------------------------------------------------------
+    def _carry(self, records: list[bytes], unit: bool) -> None:
+        """A commit failed: what of it the next one writes first (nothing of a unit)."""
+        kept = [] if unit else R.carried(records)
+        self.pending, self.pending_bytes = kept, sum(len(r) for r in kept)
+
     def append(self, record: bytes) -> None:
         self.pending.append(record)
         self.pending_bytes += len(record)
@@ -352,7 +357,9 @@ class Journal:
 
     def commit(self) -> int | None:
         """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises
-        JournalFull or JournalError; the journal then holds nothing of this commit."""
+        JournalFull or JournalError; the journal then holds nothing of this commit, and what of it must not be
+        forgotten (consumptions, wiring: `records.carried`) stays pending for the next one, unless the commit was a
+        transaction's unit, which fails whole."""
         if not self.pending:
             return None
         at, self.unit_at = self.unit_at, None
@@ -360,21 +367,25 @@ class Journal:
             if at == len(self.pending) - 1:  # nothing followed (a commit of non-durable work): no unit
                 self.pending.pop()
                 self.pending_bytes -= R.UNIT_SIZE
+                at = None
                 if not self.pending:
                     return None
             else:
                 self.pending[at] = R.unit(sum(len(r) for r in self.pending[at + 1:]))
+        records = self.pending
         if self.fd < 0:
-            self.pending, self.pending_bytes = [], 0
+            self._carry(records, at is not None)
             raise R.JournalError("journal: no segment open")
         seg, durable = self.durable
-        self.pending.append(R.mark(self.size + self.pending_bytes, durable if seg == self.segment else 0))
-        data = b"".join(self.pending)
+        data = b"".join((*records, R.mark(self.size + self.pending_bytes, durable if seg == self.segment else 0)))
         self.pending = []
         self.pending_bytes = 0
         now = self.blocked_since = time.monotonic()
         try:
             _write_all(self.fd, data, self.size)
+        except BrokerError:
+            self._carry(records, at is not None)
+            raise
         finally:
             self.blocked_since = 0.0
         self.size += len(data)

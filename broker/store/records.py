@@ -107,6 +107,17 @@ def check_header(data: bytes, name: str) -> int:
     return int(fmt)
 
 
+# What a commit that could not be written hands to the next one: what already happened to messages and wiring
+# (consumptions, queue, exchange and binding changes, the HA standing). Not ENQUEUE (those messages were refused to
+# their publishers), DEDUP (their ids: a resend must be taken), UNIT (a transaction fails whole) or MARK.
+CARRIED = frozenset({DEQUEUE, QUEUE, UNQUEUE, EXCHANGE, UNEXCHANGE, BIND, UNBIND, STATE})
+
+
+def carried(records: list[bytes]) -> list[bytes]:
+    """The records of a failed commit to write with the next one (pure)."""
+    return [r for r in records if len(r) > FRAME.size and r[FRAME.size] in CARRIED]
+
+
 def frame(kind: int, payload: bytes) -> bytes:
     body = bytes((kind,)) + payload
     return FRAME.pack(len(body), _crc(body)) + body

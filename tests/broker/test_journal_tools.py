@@ -17,6 +17,7 @@ from proton import Message
 from broker.store import records as R
 from tests.support.amqp import drain, mgmt, receive, send
 from tests.support.cluster import Cluster
+from tests.support.disks import fill_up
 from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
 
 
@@ -25,9 +26,12 @@ def admin(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[s
 
 
 def snapshot(d: Path) -> dict[str, tuple[int, int, str]]:
-    """Every file and directory under `d`: size, modification time and content digest."""
+    """Every file and directory under `d`: size, modification time and content digest; not the data directory's
+    lock file (`cut` takes the lock, and writes its pid there, before it decides anything)."""
     out = {}
     for p in sorted(d.rglob("*")):
+        if p == d / "lock":
+            continue
         st = p.stat()
         digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
         out[str(p.relative_to(d))] = (st.st_size, st.st_mtime_ns, digest)
@@ -155,8 +159,15 @@ def test_damage_in_a_middle_segment_is_named_cut_and_every_message_before_it_is_
     assert doc["cut"]["lost_kinds"]["enqueue"] == len(sent) - first_lost - 1  # the bad record is not counted
     assert offline_stats(b)[1]["verdict"] == "damaged"
 
-    declined = admin("journal", "cut", "--data-dir", str(b.data_dir), stdin="n\n")
-    assert declined.returncode == 1 and victim.read_bytes() == bytes(data)  # asked, declined, nothing changed
+    asking = subprocess.Popen([str(BIN / "ha-admin"), "journal", "cut", "--data-dir", str(b.data_dir)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = b.data_dir / "lock"
+    wait_for(lambda: lock.read_text().strip() == str(asking.pid), timeout=30)  # the cut holds the data dir ...
+    proc = b.start(wait=False).proc  # ... so a broker started meanwhile refuses to
+    assert proc is not None and proc.wait(30) == 2
+    assert f"in use by another process, pid {asking.pid}" in b.stderr_file.read_text()
+    asking.communicate("n\n", timeout=60)
+    assert asking.returncode == 1 and victim.read_bytes() == bytes(data)  # asked, declined, nothing changed
 
     cut = admin("journal", "cut", "--data-dir", str(b.data_dir), "--yes")
     assert cut.returncode == 0, cut.stderr
@@ -169,6 +180,7 @@ def test_damage_in_a_middle_segment_is_named_cut_and_every_message_before_it_is_
     b.start()
     refused = admin("journal", "cut", "--data-dir", str(b.data_dir), "--yes")
     assert refused.returncode == 1 and "refusing to cut: a broker holds" in refused.stderr
+    assert b.proc is not None and f"(pid {b.proc.pid} holds {b.data_dir / 'lock'})" in refused.stderr
     assert drain(b.url, "d") == sent[:first_lost]
 
 
@@ -258,20 +270,6 @@ def test_an_empty_journal_directory_is_clean_and_the_broker_starts_empty(tmp_pat
     b.start()
     with mgmt(b.url) as m:
         assert m.call("READ", "broker", "broker").body["journal"]["durable-queues"] == 0
-
-
-def fill_up(disk: Path) -> Path:
-    """Write a ballast file until the disk has no room left; returns it (the operator frees it later)."""
-    ballast = disk / "ballast"
-    chunk = b"\0" * 65536
-    with ballast.open("wb", buffering=0) as f:
-        while True:
-            try:
-                f.write(chunk)
-            except OSError:
-                if len(chunk) == 1:
-                    return ballast
-                chunk = chunk[: len(chunk) // 2]
 
 
 BIG = "z" * 20_000  # more than a page: a full tmpfs has no room for it

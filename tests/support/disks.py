@@ -43,3 +43,17 @@ def mounted_freezable_disk(directory: Path) -> Iterator[FreezableDisk]:
     finally:
         disk.thaw()
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill_up(disk: Path, name: str = "ballast") -> Path:
+    """Write a ballast file until the disk has no room left; returns it (the operator frees it later)."""
+    ballast = disk / name
+    chunk = b"\0" * 65536
+    with ballast.open("wb", buffering=0) as f:
+        while True:
+            try:
+                f.write(chunk)
+            except OSError:
+                if len(chunk) == 1:
+                    return ballast
+                chunk = chunk[: len(chunk) // 2]

@@ -1,0 +1,78 @@
+"""A commit that cannot be written (a full disk, an I/O error, no segment open) hands what had already happened
+(consumptions, wiring, the HA standing) to the next commit: a consumed message must not come back after a restart
+because its consumption fell in a failed write. The messages the commit brought (refused to their publishers) and
+their duplicate-detection ids are dropped, and a transaction's unit fails whole."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from broker.store import records as R
+from broker.store.journal import Journal, segment_name
+
+
+def msg(pos: int) -> bytes:
+    return R.enqueue(1, pos, 2, 2, 0, None, b"m")  # flags 2: durable
+
+
+def kinds(records: list[bytes]) -> list[str]:
+    return [R.KINDS[r[R.FRAME.size]] for r in records]
+
+
+def written(directory: Path) -> list[str]:
+    recs, end = R.scan((directory / segment_name(1)).read_bytes(), R.HEADER.size)
+    assert not end.torn and not end.damaged
+    return [R.KINDS[r.kind] for r in recs]
+
+
+def a_pass(j: Journal) -> None:
+    j.append(R.queue(1, "q", "u1", {"durable": True}, 1))
+    j.append(msg(1))
+    j.append(R.dequeue(1, 1, 1))
+    j.append(R.dedup(1, [(b"id-1", 1.0)], False))
+    j.append(R.document(R.BIND, {"exchange": "x", "queue": "q", "key": "k"}))
+    j.append(R.document(R.STATE, {"epoch": 2}))
+
+
+def test_with_no_segment_open_the_next_commit_writes_the_consumptions_and_the_wiring(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    a_pass(j)
+    with pytest.raises(R.JournalError, match="no segment open"):
+        j.commit()
+    assert kinds(j.pending) == ["queue", "dequeue", "bind", "state"]
+    assert j.pending_bytes == sum(len(r) for r in j.pending)
+    j.open_segment(1)
+    j.append(msg(2))
+    assert j.commit() is not None
+    j.close()
+    assert written(tmp_path) == ["queue", "dequeue", "bind", "state", "enqueue", "mark"]
+
+
+def test_a_failed_write_keeps_them_too_and_writes_nothing(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.open_segment(1)
+    j.commit()
+    size = (tmp_path / segment_name(1)).stat().st_size
+    good, j.fd = j.fd, os.open(tmp_path / segment_name(1), os.O_RDONLY)  # every write fails (EBADF)
+    a_pass(j)
+    with pytest.raises(R.JournalError, match="write failed"):
+        j.commit()
+    assert (tmp_path / segment_name(1)).stat().st_size == size
+    assert kinds(j.pending) == ["queue", "dequeue", "bind", "state"]
+    os.close(j.fd)
+    j.fd = good
+    assert j.commit() is not None
+    j.close()
+    assert written(tmp_path)[-5:] == ["queue", "dequeue", "bind", "state", "mark"]
+
+
+def test_a_failed_transaction_unit_keeps_nothing(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.begin_unit()
+    a_pass(j)
+    with pytest.raises(R.JournalError):
+        j.commit()
+    assert j.pending == [] and j.pending_bytes == 0
