@@ -143,6 +143,40 @@ def phase_specs(args: argparse.Namespace) -> list[PhaseSpec]:
     return [specs[name] for name in args.phases.split(",") if name in specs]
 
 
+def cpu_idle(sys_root: Path = Path("/sys")) -> dict[str, Any]:
+    """How an idle CPU waits: the cpuidle driver and governor and, in a KVM guest with the haltpoll driver, how long
+    it polls before it halts (`guest_halt_poll_ns`; 0: it halts at once, and waking it from another core costs a
+    trip through the hypervisor: ~34 µs a loopback hop on the reference VM against ~5 µs polling,
+    docs/performance.md). Empty where the files are not there."""
+    def read(path: Path) -> str | None:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return None
+
+    base = sys_root / "devices/system/cpu/cpuidle"
+    governor = read(base / "current_governor_ro") or read(base / "current_governor")
+    found: dict[str, Any] = {"driver": read(base / "current_driver"), "governor": governor}
+    poll = read(sys_root / "module/haltpoll/parameters/guest_halt_poll_ns")
+    if poll is not None and poll.isdigit():
+        found["guest_halt_poll_ns"] = int(poll)
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def describe_cpu_idle(idle: dict[str, Any]) -> str:
+    """One line for the run's header (pure)."""
+    if not idle:
+        return "CPU idle: not known"
+    text = f"CPU idle: {idle.get('driver', '?')} driver, {idle.get('governor', '?')} governor"
+    poll = idle.get("guest_halt_poll_ns")
+    if poll == 0:
+        text += ("; guest_halt_poll_ns 0: an idle vCPU halts at once, so each wake-up of another core goes through "
+                 "the hypervisor (latencies and the hop include it)")
+    elif poll is not None:
+        text += f"; an idle vCPU polls up to {poll / 1000:g} µs before it halts"
+    return text
+
+
 def machine() -> dict[str, Any]:
     model = ""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -153,7 +187,7 @@ def machine() -> dict[str, Any]:
     import proton
 
     return {"cpu": model, "cores": os.cpu_count(), "mem_gib": round(int(mem) / 2**20, 1),
-            "kernel": platform.release(), "python": platform.python_version(),
+            "kernel": platform.release(), "python": platform.python_version(), "cpu_idle": cpu_idle(),
             "proton": getattr(proton, "VERSION", None) and ".".join(map(str, proton.VERSION))}
 
 
@@ -221,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     phases = args.phases.split(",")
     commit = source_commit()  # at the start: brokers started later run the code of this moment or newer
     print(f"== source: {commit}", file=sys.stderr, flush=True)
+    print(f"== {describe_cpu_idle(cpu_idle())}", file=sys.stderr, flush=True)
     hop_result = hop.measure(loadgen or native.try_loadgen()[0], args.hop_count)  # in C whenever it builds
     print(f"== loopback one-way hop: {hop_result['hop_us']:.1f} µs (half the median TCP round trip of 1-byte "
           f"messages, {hop_result['method']})", file=sys.stderr, flush=True)

@@ -8,8 +8,10 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from bench import procstat, report, stats
+from bench.cli import cpu_idle, describe_cpu_idle
 from bench.profile import file_of, parse_collapsed
 
 # fields 1..17 of a real-looking stat line; comm has a space and a ')' inside
@@ -154,3 +156,18 @@ def test_collapsed_stacks_fold_lines_into_functions_and_count_self_and_total() -
     assert incl["main (a.py)"] == 10 and incl["f (b.py)"] == 5
     by_file, _, _ = parse_collapsed(text, file_of)
     assert by_file == {"b.py": 10}
+
+
+def test_cpu_idle_reads_the_driver_governor_and_the_guest_halt_poll(tmp_path: Path) -> None:
+    root = tmp_path
+    (root / "devices/system/cpu/cpuidle").mkdir(parents=True)
+    (root / "devices/system/cpu/cpuidle/current_driver").write_text("haltpoll\n")
+    (root / "devices/system/cpu/cpuidle/current_governor_ro").write_text("haltpoll\n")
+    assert cpu_idle(root) == {"driver": "haltpoll", "governor": "haltpoll"}
+    (root / "module/haltpoll/parameters").mkdir(parents=True)
+    (root / "module/haltpoll/parameters/guest_halt_poll_ns").write_text("0\n")
+    idle = cpu_idle(root)
+    assert idle["guest_halt_poll_ns"] == 0
+    assert "halts at once" in describe_cpu_idle(idle)
+    assert describe_cpu_idle({**idle, "guest_halt_poll_ns": 200_000}).endswith("polls up to 200 µs before it halts")
+    assert cpu_idle(root / "nothing") == {} and describe_cpu_idle({}) == "CPU idle: not known"
