@@ -66,21 +66,18 @@ EPILOG = (f"Every setting can also be given as an environment variable, {ENV_PRE
 
 
 def broker_id(cfg: BrokerConfig) -> str:
-    """--name, else the id kept in the data dir (created on first start), else a fresh one."""
+    """--name, else the id kept in the data dir (created on first start; the directory exists: `run` made it),
+    else a fresh one."""
     if cfg.name:
         return cfg.name
     if cfg.data_dir is not None:
         f = cfg.data_dir / "broker-id"
         if f.exists():
             return f.read_text().strip()
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
         new = f"broker-{uuid.uuid4().hex[:8]}"
         f.write_text(new + "\n")
         return new
     return f"broker-{uuid.uuid4().hex[:8]}"
-
-
-_held: list[int] = []  # the data directory's lock (broker.datadir): open for the life of the process
 
 
 def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
@@ -88,7 +85,7 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     if problem is None:
         try:
             if cfg.data_dir is not None:
-                _held.append(lock_data_dir(cfg.data_dir))  # held until the process ends
+                lock_data_dir(cfg.data_dir)  # a bare descriptor: nothing closes it, held until the process ends
             bid = broker_id(cfg)
         except DataDirInUse as e:
             problem = str(e)
