@@ -254,6 +254,10 @@ def make_command(plugins: list[Plugin], validators: list[Validator] | None = Non
                 click.echo(f"ha-broker: {line}", err=True)
             sys.exit(2)
         if validate_config:
+            problem = data_dir_problem(cfg.data_dir, create=False) if cfg.data_dir is not None else None
+            if problem is not None:
+                click.echo(f"ha-broker: --data-dir {cfg.data_dir}: {problem}", err=True)
+                sys.exit(2)
             click.echo("configuration OK")
             sys.exit(0)
         sys.exit(run(cfg, plugins + extra))

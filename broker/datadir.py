@@ -8,6 +8,7 @@ two brokers writing one journal would corrupt it. The file holds the holder's pi
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -24,17 +25,40 @@ class DataDirInUse(Exception):
         self.holder = holder
 
 
-def data_dir_problem(path: Path) -> str | None:
-    """Why `path` cannot be a data directory (it is made if missing), or None."""
+def data_dir_problem(path: Path, create: bool = True) -> str | None:
+    """Why `path` cannot be a data directory, or None. A missing one is made (`create`); without `create` (what
+    `--validate-config` asks, changing nothing on disk) its nearest existing parent must be a directory it could be
+    made in, and the answer is the one the making would give."""
     if path.exists() and not path.is_dir():
         return "not a directory"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        return f"cannot create it: {e.strerror or e}"
+    if not path.exists():
+        if not create:
+            return _could_not_make(path)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return f"cannot create it: {e.strerror or e}"
+    return _not_writable(path)
+
+
+def _not_writable(path: Path) -> str | None:
     if not os.access(path, os.W_OK | os.X_OK):
         return "not writable" + (" (a read-only file system)" if _read_only(path) else "")
     return None
+
+
+def _could_not_make(path: Path) -> str | None:
+    """What `mkdir -p path` would fail with, without trying: the nearest existing parent decides."""
+    parent = next((p for p in path.absolute().parents if p.exists()), Path("/"))
+    if not parent.is_dir():
+        code = errno.ENOTDIR
+    elif _read_only(parent):
+        code = errno.EROFS
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        code = errno.EACCES
+    else:
+        return None
+    return f"cannot create it: {os.strerror(code)}"
 
 
 def lock_data_dir(path: Path) -> int:

@@ -226,10 +226,11 @@ def test_a_data_dir_that_is_a_file_or_cannot_be_made_stops_the_broker_with_a_mes
     a_file.write_text("keep\n")
     for data_dir, expected in [(a_file, f"--data-dir {a_file}: not a directory"),
                                (a_file / "data", f"--data-dir {a_file / 'data'}: cannot create it: Not a directory")]:
-        r = subprocess.run([str(BIN / "ha-broker"), "--port", "0", "--data-dir", str(data_dir)],
-                           capture_output=True, text=True, timeout=30)
-        assert r.returncode == 2, r.stderr
-        assert r.stderr.strip() == f"ha-broker: {expected}"  # one line, no traceback
+        for check in ([], ["--validate-config"]):  # the check says what the start would, without making anything
+            r = subprocess.run([str(BIN / "ha-broker"), "--port", "0", "--data-dir", str(data_dir), *check],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 2, r.stderr
+            assert r.stderr.strip() == f"ha-broker: {expected}"  # one line, no traceback
     assert a_file.read_text() == "keep\n"
 
 
@@ -265,6 +266,11 @@ def test_a_read_only_data_dir_stops_the_broker_with_a_message_and_keeps_its_mess
     subprocess.run(["mount", "--bind", d, d], check=True, timeout=30)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", d], check=True, timeout=30)
+        for path, reason in [(d, "not writable (a read-only file system)"),
+                             (f"{d}/new/deeper", "cannot create it: Read-only file system")]:
+            r = subprocess.run([str(BIN / "ha-broker"), "--data-dir", path, "--validate-config"],
+                               capture_output=True, text=True, timeout=30)
+            assert (r.returncode, r.stderr.strip()) == (2, f"ha-broker: --data-dir {path}: {reason}")
         proc = b.start(wait=False).proc
         assert proc is not None
         assert proc.wait(30) == 2
