@@ -53,14 +53,21 @@ class ManagementLink(LinkHandler):
         else:
             req = Request(op, type_, name, req_msg.body, self.conn.user, self.conn.admin, props)
             resp = srv.access.management(self.conn, req) or srv.handle_management(req)
-        reply = Message(
-            properties={"statusCode": resp.status, "statusDescription": resp.description, **resp.properties},
-            body=resp.body,
-            correlation_id=req_msg.id if req_msg.id is not None else req_msg.correlation_id,
-            address=req_msg.reply_to,
-        )
+        correlation = req_msg.id if req_msg.id is not None else req_msg.correlation_id
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
         link.flow(1)
-        if req_msg.reply_to:
-            srv.deliver_reply(req_msg.reply_to, reply, self.conn)
+        if not req_msg.reply_to:
+            return
+        try:
+            srv.deliver_reply(req_msg.reply_to, _reply(resp, correlation, req_msg.reply_to), self.conn)
+        except Exception as e:  # a reply proton cannot encode (a bug: the arguments are checked to fit)
+            log.error("management.error", operation=op, type=type_, name=name, exc_info=True)
+            done = Response(500, f"{op} {type_} was carried out ({resp.status} {resp.description}), but its reply "
+                            f"cannot be encoded: {type(e).__name__}: {e}")
+            srv.deliver_reply(req_msg.reply_to, _reply(done, correlation, req_msg.reply_to), self.conn)
+
+
+def _reply(resp: Response, correlation: Any, reply_to: str) -> Message:
+    return Message(properties={"statusCode": resp.status, "statusDescription": resp.description, **resp.properties},
+                   body=resp.body, correlation_id=correlation, address=reply_to)

@@ -24,6 +24,11 @@ class BadArgument(ValueError):
         self.reason = reason
 
 
+# Integers go back out as AMQP longs (management replies, replication to backups, events): a ulong above this cannot
+# (proton refuses to encode it, and one such value would break every QUERY and every backup's catch-up after it).
+LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
+
+
 def _int(minimum: int) -> Callable[[str, Any], int]:
     def conv(name: str, v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
@@ -33,6 +38,8 @@ def _int(minimum: int) -> Callable[[str, Any], int]:
                 raise BadArgument(name, f"must be an integer, got {type(v).__name__} {v!r}")
         if v < minimum:
             raise BadArgument(name, f"must be >= {minimum}, got {v}")
+        if v > LONG_MAX:
+            raise BadArgument(name, f"must be <= {LONG_MAX} (a signed 64-bit integer), got {v}")
         return int(v)
 
     return conv
@@ -110,6 +117,8 @@ def normalize(arguments: Mapping[Any, Any] | None, table: Mapping[str, Callable[
 
 def _plain(name: str, v: Any) -> Any:
     """Unknown arguments are kept, but only as simple values that survive a round trip over management."""
+    if isinstance(v, int) and not isinstance(v, bool) and not LONG_MIN <= v <= LONG_MAX:
+        raise BadArgument(name, f"integer {v} is out of range (a signed 64-bit integer is kept)")
     if v is None or isinstance(v, str | bool | int | float):
         return v
     if isinstance(v, list | tuple):

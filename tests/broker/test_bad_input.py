@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Delivery, Message
+from proton import Delivery, Message, ulong
 from proton.utils import LinkDetached
 
 from tests.broker.helpers import EngineClient, Sentinel, big_message, outcome, send_raw, stored
 from tests.support.amqp import connect, mgmt, receive, send
-from tests.support.procs import BrokerFactory, BrokerProcess, wait_for
+from tests.support.procs import ROOT, BrokerFactory, BrokerProcess, wait_for
 
 MAX_SIZE = 4096
 
@@ -67,6 +67,13 @@ def condition_name(e: LinkDetached) -> str | None:
         ("CREATE", "queue", "bad-count", {"arguments": {"max-count": "abc"}}, 400, "max-count"),
         ("CREATE", "queue", "bad-count2", {"arguments": {"max-count": -5}}, 400, "max-count"),
         ("CREATE", "queue", "bad-prio", {"arguments": {"priority-levels": 99}}, 400, "priority-levels"),
+        # a ulong that no reply could carry back as a long (it broke every later QUERY and backup catch-up)
+        ("CREATE", "queue", "big-count", {"arguments": {"max-count": ulong(2**63)}}, 400, "max-count: must be <="),
+        ("CREATE", "queue", "big-ttl", {"arguments": {"default-ttl": "99999999999999999999"}}, 400, "default-ttl"),
+        ("CREATE", "queue", "big-own", {"arguments": {"x-own": [ulong(2**64 - 1)]}}, 400, "x-own: integer"),
+        ("CREATE", "exchange", "big-x", {"exchange-type": "fanout", "arguments": {"x-own": ulong(2**63)}}, 400,
+         "out of range"),
+        ("UPDATE", "queue", "sentinel", {"max-size": ulong(2**63)}, 400, "max-size: must be <="),
         ("CREATE", "queue", "bad-repl", {"arguments": {"qpid.replicate": "sometimes"}}, 400, "qpid.replicate"),
         ("CREATE", "queue", "bad-policy", {"arguments": {"limit-policy": "drop"}}, 400, "limit-policy"),
         ("CREATE", "queue", "bad-args", {"arguments": ["max-count", 1]}, 400, "arguments must be a map"),
@@ -105,6 +112,23 @@ def test_non_string_operation_and_body_are_refused(strict: BrokerProcess, intact
         assert m.request("READ", "queue", 42).status == 400  # type: ignore[arg-type]
         assert m.request("CREATE", "queue", "list-body", [1, 2]).status == 400
         assert m.request("READ", "queue", "list-body").status == 404
+
+
+def test_a_reply_that_cannot_be_encoded_is_answered_500_and_the_link_keeps_serving(
+        brokers: BrokerFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug that builds a reply proton cannot encode: the client gets a 500 saying what was done (not a closed link
+    and a timeout), the same link answers the next request, and the error is logged once."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the broker process imports tests.support.reply_plugin
+    b = brokers("--plugin", "tests.support.reply_plugin:install")
+    with mgmt(b.url) as m:
+        r = m.request("UNENCODABLE", "test-reply", "x")
+        assert r.status == 500, r.description
+        assert r.description.startswith("UNENCODABLE test-reply was carried out (200 done), but its reply cannot be "
+                                        "encoded: OverflowError"), r.description
+        assert m.request("CREATE", "queue", "after").status == 201
+        assert m.request("QUERY", "queue", None).status == 200
+    assert [(e["event"], e["operation"]) for e in b.events() if e.get("level") == "error"] == [
+        ("management.error", "UNENCODABLE")]
 
 
 def test_duplicate_create_same_arguments_is_200_different_is_409(strict: BrokerProcess, intact: Sentinel) -> None:
