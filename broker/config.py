@@ -48,22 +48,37 @@ class Coordinator(StrEnum):
     ZOOKEEPER = "zookeeper"
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """`host:port` (or `amqp://host:port`) -> (host, port); raises ValueError with a readable reason."""
+def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """`host:port`, `[IPv6]:port` (or `amqp://host:port`) -> (host, port); raises ValueError with a readable reason.
+    Without a port: `default_port`, or an error when there is none."""
     t = text.strip()
     if "://" in t:
         t = t.split("://", 1)[1]
     t = t.rsplit("@", 1)[-1].split("/", 1)[0]
-    host, sep, port = t.rpartition(":")
-    if not sep or not host:
+    port: str | None
+    if t.startswith("["):
+        host, close, rest = t[1:].partition("]")
+        if not close or not host or (rest and not rest.startswith(":")):
+            raise ValueError(f"{text!r} is not host:port (an IPv6 address as [::1]:5672)")
+        port = rest[1:] if rest else None
+    else:
+        host, sep, after = t.rpartition(":")
+        host, port = (host, after) if sep else (t, None)
+        if ":" in host:
+            raise ValueError(f"{text!r}: an IPv6 address needs brackets (as [::1]:5672)")
+    if not host:
         raise ValueError(f"{text!r} is not host:port")
+    if port is None:
+        if default_port is None:
+            raise ValueError(f"{text!r} is not host:port")
+        return host, default_port
     try:
         p = int(port)
     except ValueError:
         raise ValueError(f"{text!r}: port {port!r} is not a number") from None
     if not 0 < p < 65536:
         raise ValueError(f"{text!r}: port {p} out of range 1-65535")
-    return host.strip("[]"), p
+    return host, p
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

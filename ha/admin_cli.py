@@ -79,7 +79,8 @@ class Ctx:
 
 
 @click.group()
-@click.option("--broker", "-b", default="127.0.0.1:5672", show_default=True, help="host:port of the broker")
+@click.option("--broker", "-b", default="127.0.0.1:5672", show_default=True, help="host:port of the broker",
+              callback=cli_tls.broker_addresses(several=False))
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               help="seconds to wait for an answer")
 @click.option("--user", default=None, help="SASL PLAIN user (admin role needed for changes)")

@@ -1,5 +1,5 @@
 """The TLS options of `ha-admin` and `ha-status` (docs/tls.md): one decorator, one function to turn them into a
-proton client domain, so both tools take and check them the same way."""
+proton client domain, so both tools take and check them the same way; and the one check of their `--broker`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 from proton import SSLDomain
 
+from broker.config import parse_address
 from broker.tls import ClientTls, TlsError, check_files, client_domain, read_password
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,3 +57,20 @@ def domain(tls: ClientTls | None) -> SSLDomain | None:
     """A fresh proton domain for one connection (a domain is not shared between threads: ha-status asks the
     members in parallel)."""
     return client_domain(tls) if tls is not None else None
+
+
+def broker_addresses(several: bool) -> Callable[[click.Context, click.Parameter, str], str]:
+    """A click callback for `--broker`: each address is host:port (a port left out is 5672), several only when
+    `several` (comma separated); a bad one is a usage error naming it, before anything connects."""
+    def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        if len(parts) != 1 and not several:
+            raise click.BadParameter(f"one broker's host:port, got {len(parts) or 'none'}: {value!r}")
+        for part in parts:
+            try:
+                parse_address(part, default_port=5672)
+            except ValueError as e:
+                raise click.BadParameter(str(e)) from None
+        return value
+
+    return check

@@ -272,7 +272,8 @@ def check(broker: str, expect: str | None, timeout: float, user: str | None, pas
 
 @click.command()
 @click.option("--broker", "-b", default="127.0.0.1:5672", show_default=True,
-              help="any member's host:port, or several, comma separated: the first that answers")
+              help="any member's host:port, or several, comma separated: the first that answers",
+              callback=cli_tls.broker_addresses(several=True))
 @click.option("--all", "all_members", is_flag=True, help="also show each member's epoch and position")
 @click.option("-f", "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("-w", "--watch", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",

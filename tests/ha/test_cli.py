@@ -66,6 +66,27 @@ def test_a_watch_or_timeout_that_is_not_a_positive_number_is_a_usage_error() -> 
         assert f"Error: Invalid value for {flag}" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_bad_broker_address_is_a_usage_error_naming_it() -> None:
+    """Not "cannot reach" after a connection attempt (exit 1), nor a silent turn to another address (`-b ::1` went
+    to 0.0.0.0:5672, `-b ''` to amqps://localhost:5671)."""
+    for command, address, reason in [
+        ("ha-admin", "127.0.0.1:notaport", "'127.0.0.1:notaport': port 'notaport' is not a number"),
+        ("ha-admin", "127.0.0.1:70000", "'127.0.0.1:70000': port 70000 out of range 1-65535"),
+        ("ha-admin", "::1", "'::1': an IPv6 address needs brackets (as [::1]:5672)"),
+        ("ha-admin", "", "one broker's host:port, got none: ''"),
+        ("ha-admin", "a:1,b:2", "one broker's host:port, got 2: 'a:1,b:2'"),
+        ("ha-status", "127.0.0.1:1,b:x", "'b:x': port 'x' is not a number"),
+        ("ha-status", "[::1", "'[::1' is not host:port (an IPv6 address as [::1]:5672)"),
+    ]:
+        r = run(command, "--broker", address, "--timeout", "1", *(["ping"] if command == "ha-admin" else []))
+        assert r.returncode == 2, (command, address, r.stderr)
+        assert f"Error: Invalid value for '--broker' / '-b': {reason}\n" in r.stderr, r.stderr
+    (dead,) = free_ports(1)
+    for address in (f"[::1]:{dead}", f"localhost:{dead}"):  # well-formed: tried, and not there
+        r = run("ha-admin", "--broker", address, "--timeout", "1", "ping")
+        assert r.returncode == 1 and f"ha-admin: cannot reach {address}" in r.stderr, r.stderr
+
+
 def test_understudy_cluster_refuses_bad_values_before_starting_any_broker(tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("")
