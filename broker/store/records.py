@@ -82,7 +82,10 @@ _MARK = struct.Struct(">8sQQ")
 MARK_SIZE = FRAME.size + 1 + _MARK.size
 _ZEROS_STEP = 1 << 16
 _crc = zlib.crc32
-MAX_RECORD = 1 << 30
+# The longest record a reader accepts: a message of the largest --max-message-size (1 GiB) with its ENQUEUE header
+# (a record longer than this on disk is damage). A DEDUP record holding a whole large window is split below it.
+MAX_RECORD = (1 << 30) + (1 << 16)
+DEDUP_CHUNK = 1 << 20  # bytes of ids in one DEDUP record: a larger window is written as several
 
 
 class JournalError(BrokerError):
@@ -143,12 +146,21 @@ def unqueue(qid: int) -> bytes:
 
 
 def dedup(qid: int, items: list[tuple[bytes, float]], reset: bool) -> bytes:
-    """Ids (oldest first) added to a queue's duplicate window, or (`reset`) the whole window (broker.dedup)."""
+    """Ids (oldest first) added to a queue's duplicate window, or (`reset`) the whole window (broker.dedup): one
+    DEDUP record per DEDUP_CHUNK bytes of ids (only the first resets), so no window makes a record too long to read
+    back (up to 65,535 bytes an id, any number of ids)."""
+    out: list[bytes] = []
     parts = [_DEDUP.pack(qid, 1 if reset else 0)]
+    size = 0
     for k, t in items:
+        if size >= DEDUP_CHUNK:
+            out.append(frame(DEDUP, b"".join(parts)))
+            parts, size = [_DEDUP.pack(qid, 0)], 0
         parts.append(_ID.pack(t, len(k)))
         parts.append(k)
-    return frame(DEDUP, b"".join(parts))
+        size += _ID.size + len(k)
+    out.append(frame(DEDUP, b"".join(parts)))
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def mark(at: int, durable: int) -> bytes:

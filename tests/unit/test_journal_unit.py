@@ -10,7 +10,7 @@ import pytest
 
 from broker.store import records as R
 from broker.store.journal import Journal, segment_name
-from broker.store.store import read_journal
+from broker.store.store import Image, read_journal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
 import agent_core as core
@@ -99,3 +99,38 @@ def test_recovery_and_the_agent_keep_none_of_a_torn_commit(tmp_path: Path) -> No
     image, report, _, _ = read_journal(journal)
     assert sorted(image.messages[1]) == [2, 3, 4] and report.cut == 0
     assert core.read_standing(str(tmp_path), "b1").position == 4
+
+
+def test_a_message_of_the_largest_allowed_size_is_a_record_the_reader_takes() -> None:
+    """--max-message-size goes up to 1 GiB; the reader refused records above 1 GiB, so a message near the limit was
+    journaled and then made the journal 'damaged' at the next start. The frame of the longest one, cut short at the
+    end of the last segment, is a torn write (needs more bytes), not an impossible length."""
+    from annotated_types import Le
+
+    from broker.config import BrokerConfig
+
+    largest = next(m.le for m in BrokerConfig.model_fields["max_message_size"].metadata if isinstance(m, Le))
+    head = R.enqueue(1, 7, 2, 2, 0, None, b"")
+    length = len(head) - R.FRAME.size + largest
+    assert length <= R.MAX_RECORD
+    partial = BEFORE + R.FRAME.pack(length, 0) + head[R.FRAME.size:] + b"x" * 100
+    recs, end = R.scan(partial)
+    assert end.torn and not end.damaged and end.good == len(BEFORE), end.reason
+    assert "needs" in end.reason and len(recs) == 3
+
+
+def test_a_large_duplicate_window_is_written_as_several_records_that_replay_to_it() -> None:
+    items = [(b"S" + bytes([i % 251]) * 1000 + str(i).encode(), 1000.0 + i) for i in range(3000)]  # ~3 MB of ids
+    data = R.dedup(4, items, reset=True)
+    recs, end = R.scan(data)
+    assert not end.torn and not end.damaged and end.good == len(data)
+    assert len(recs) == 3 and all(r.kind == R.DEDUP and len(r.payload) <= R.DEDUP_CHUNK + 2048 for r in recs)
+    parsed = [r.dedup() for r in recs]
+    assert [(q, reset) for q, reset, _ in parsed] == [(4, True), (4, False), (4, False)]
+    assert [i for _, _, ids in parsed for i in ids] == items
+    image = Image(1 << 30)  # recovery's replay: the window as it was, none of it trimmed
+    for r in R.scan(R.queue(4, "q", "u4", {"duplicate-window": 3000}, 1) + R.dedup(4, items[:5], False) + data)[0]:
+        image.apply(r, 1)
+    assert image.windows[4] == items
+    small = R.dedup(4, items[:3], reset=True)
+    assert [r.dedup() for r in R.scan(small)[0]] == [(4, True, items[:3])]  # one record, as before
