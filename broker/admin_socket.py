@@ -142,6 +142,9 @@ class AdminSocket:
         except ValueError as e:
             log.warning("admin_socket.bad_request", user=user, reason=f"not JSON: {e}")
             return Response(400, f"request is not JSON: {e}")
+        except RecursionError:
+            log.warning("admin_socket.bad_request", user=user, reason="JSON nested too deeply")
+            return Response(400, "request is JSON nested too deeply to read")
         req = _request(data, user)
         if isinstance(req, Response):
             log.warning("admin_socket.bad_request", user=user, reason=req.description)

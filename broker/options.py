@@ -115,16 +115,21 @@ def normalize(arguments: Mapping[Any, Any] | None, table: Mapping[str, Callable[
     return out
 
 
-def _plain(name: str, v: Any) -> Any:
+MAX_DEPTH = 32  # lists and maps inside an unknown argument, at most this deep
+
+
+def _plain(name: str, v: Any, depth: int = 0) -> Any:
     """Unknown arguments are kept, but only as simple values that survive a round trip over management."""
     if isinstance(v, int) and not isinstance(v, bool) and not LONG_MIN <= v <= LONG_MAX:
         raise BadArgument(name, f"integer {v} is out of range (a signed 64-bit integer is kept)")
     if v is None or isinstance(v, str | bool | int | float):
         return v
+    if isinstance(v, list | tuple | dict) and depth >= MAX_DEPTH:
+        raise BadArgument(name, f"lists and maps nested more than {MAX_DEPTH} deep")
     if isinstance(v, list | tuple):
-        return [_plain(name, x) for x in v]
+        return [_plain(name, x, depth + 1) for x in v]
     if isinstance(v, dict):
-        return {str(k): _plain(name, x) for k, x in v.items()}
+        return {str(k): _plain(name, x, depth + 1) for k, x in v.items()}
     raise BadArgument(name, f"unsupported value type {type(v).__name__}")
 
 

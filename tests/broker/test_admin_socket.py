@@ -90,13 +90,18 @@ def test_bad_requests_get_400_and_the_connection_and_messages_survive(brokers: B
             b'{"operation": "READ", "type": "queue", "name": 7}',
             b'{"operation": "DELETE", "type": "queue", "name": "sentinel", "properties": []}',
             b'{"operation": "FROB", "type": "queue", "name": "sentinel"}',
+            b"[" * 100_000 + b"]" * 100_000,  # deeper than Python's json reads (it raised RecursionError: no answer)
+            b'{"operation": "CREATE", "type": "queue", "name": "deep", "body": {"arguments": {"x-deep": '
+            + b"[" * 500 + b"]" * 500 + b"}}}",  # readable, but deeper than an argument may be (it was a 500)
             b'{"operation": "READ", "type": "queue", "name": "sentinel"}',
         ],
     )
     statuses = [a["status"] for a in answers]
-    assert statuses == [400, 400, 400, 400, 400, 400, 200]
+    assert statuses == [400, 400, 400, 400, 400, 400, 400, 400, 200]
     assert "not JSON" in answers[0]["description"]
     assert "'operation' and 'type'" in answers[2]["description"]
+    assert answers[6]["description"] == "request is JSON nested too deeply to read"
+    assert answers[7]["description"].endswith("x-deep: lists and maps nested more than 32 deep"), answers[7]
     sentinel.check()
     assert any(e.get("event") == "admin_socket.bad_request" for e in b.events())
 

@@ -20,6 +20,9 @@ from tests.support.amqp import connect, mgmt, receive, send
 from tests.support.procs import ROOT, BrokerFactory, BrokerProcess, wait_for
 
 MAX_SIZE = 4096
+DEEP: list[object] = []
+for _ in range(40):
+    DEEP = [DEEP]
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +77,7 @@ def condition_name(e: LinkDetached) -> str | None:
         ("CREATE", "exchange", "big-x", {"exchange-type": "fanout", "arguments": {"x-own": ulong(2**63)}}, 400,
          "out of range"),
         ("UPDATE", "queue", "sentinel", {"max-size": ulong(2**63)}, 400, "max-size: must be <="),
+        ("CREATE", "queue", "deep", {"arguments": {"x-deep": DEEP}}, 400, "x-deep: lists and maps nested more than"),
         ("CREATE", "queue", "bad-repl", {"arguments": {"qpid.replicate": "sometimes"}}, 400, "qpid.replicate"),
         ("CREATE", "queue", "bad-policy", {"arguments": {"limit-policy": "drop"}}, 400, "limit-policy"),
         ("CREATE", "queue", "bad-args", {"arguments": ["max-count", 1]}, 400, "arguments must be a map"),
