@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from proton import Endpoint
 
+from broker.errors import MalformedMessage
 from broker.exchange import BindingKey, parse_binding_name
 from broker.links import ConsumerLink, EventsLink, LinkHandler, PublisherLink
 from broker.log import get_logger
-from broker.message import current_properties, decode
+from broker.message import current_key, decode
 from broker.options import EXCHANGE_ARGUMENTS, QUEUE_ARGUMENTS, BadArgument, normalize
 from broker.queue import AVAILABLE, DequeueReason, Queue
 from broker.wiring import Conflict, InvalidRequest, NotFound, Wiring, WiringError
@@ -362,11 +363,16 @@ class BrokerOperations:
         if room is not None:
             raise Conflict(f"destination queue {dst.name!r} has no room for {len(taken)} messages: {room}")
         lvq = dst.options.lvq_key
-        for e in taken:
-            data = e.data
-            meta = decode(data, trusted=True)
-            props = current_properties() if lvq is not None else None
-            dst.enqueue(data, meta.priority, e.expires, meta.durable, (props or {}).get(lvq) if lvq else None)
+        metas = []
+        for e in taken:  # every message's header and last-value key first: a refusal moves nothing
+            meta = decode(e.data, trusted=True)
+            try:
+                metas.append((meta, current_key(lvq) if lvq is not None else None))
+            except MalformedMessage as err:
+                raise Conflict(f"message {e.position} of {src.name!r} cannot go to last-value queue {dst.name!r}: "
+                               f"{err.description}; nothing moved") from None
+        for e, (meta, key) in zip(taken, metas, strict=True):
+            dst.enqueue(e.data, meta.priority, e.expires, meta.durable, key)
             if src.get(e.position) is e:
                 src.dequeue(e, DequeueReason.PURGED)  # gone from this queue by an operator's hand
             else:  # read back from disk

@@ -10,6 +10,7 @@ decode. No proton `Message` object is made on the hot path: keeping many alive m
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, NamedTuple
 
 from cproton import (
@@ -174,12 +175,32 @@ def current_subject() -> str | None:
 def current_properties() -> dict[Any, Any] | None:
     """The application properties of the message decoded last; MalformedMessage if they are not a map."""
     props = Data(pn_message_properties(_pn_msg))
-    value = props.get_object() if props.next() else None
+    try:
+        value = props.get_object() if props.next() else None
+    except RecursionError:
+        raise MalformedMessage("application-properties nested too deeply") from None
     if value is None:
         return None
     if not isinstance(value, dict):
         raise MalformedMessage("application-properties must be a map")
     return dict(value)
+
+
+_KEY_TYPES = (str, bytes, int, float, uuid.UUID)  # symbol and char are str; bool, ulong and timestamp are int
+
+
+def current_key(name: str) -> Any:
+    """The application property `name` of the message decoded last, as a last-value key (None: it has none).
+    MalformedMessage when it is not a simple value: AMQP allows only those in application-properties, and a list
+    or a map cannot key a last-value queue."""
+    props = current_properties()
+    value = props.get(name) if props else None
+    if value is None or isinstance(value, _KEY_TYPES):
+        return value
+    if isinstance(value, memoryview):  # how proton hands out a binary value: unhashable as it is
+        return bytes(value)
+    raise MalformedMessage(f"application property {name!r} must be a simple value (the last-value key of a queue), "
+                           f"got {type(value).__name__}")
 
 
 def subject_of(data: bytes) -> str | None:
@@ -188,11 +209,12 @@ def subject_of(data: bytes) -> str | None:
     return current_subject()
 
 
-def properties_of(data: bytes) -> dict[Any, Any] | None:
-    """The application properties of stored message bytes (off the hot path: last-value keys at promotion)."""
+def last_value_key_of(data: bytes, name: str) -> Any:
+    """The last-value key `name` of stored message bytes, None when it has none or none a queue can use (off the hot
+    path: last-value keys at promotion)."""
     decode(data, trusted=True)
     try:
-        return current_properties()
+        return current_key(name)
     except MalformedMessage:
         return None
 

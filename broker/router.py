@@ -14,7 +14,7 @@ from broker.engine import raw
 from broker.errors import JournalRefusal, MemoryRefusal, NoRoute, QueueFull
 from broker.links import Completion, PublisherLink
 from broker.log import get_logger
-from broker.message import current_message_id, current_properties, current_subject, current_to, decode
+from broker.message import current_key, current_message_id, current_subject, current_to, decode
 from broker.queue import WINDOWED, Entry, Queue
 
 if TYPE_CHECKING:
@@ -190,18 +190,16 @@ class Router:
                     self._duplicate(mid, duplicates)
                     targets = fresh
         size = len(data)
+        keys: dict[Queue, Any] = {}  # last-value keys, read (and refused) before any queue takes the message
         for q in targets:
             if not q.has_room(size):
                 raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)")
+            if q.options.lvq_key is not None:
+                keys[q] = current_key(q.options.lvq_key)
         routed = []
         consumers = self.consumers
         for q in targets:
-            key = None
-            lvq = q.options.lvq_key
-            if lvq is not None:
-                props = current_properties()
-                key = props.get(lvq) if props else None
-            e = q.enqueue(data, priority, expires, durable, key)
+            e = q.enqueue(data, priority, expires, durable, keys.get(q))
             routed.append((q, e))
             if mid is not None and q.dedup is not None:
                 q.dedup.add(mid, now)

@@ -43,7 +43,7 @@ from broker.engine import raw
 from broker.errors import MessageRefused, NoRoute, QueueFull
 from broker.links import Completion, ConsumerLink, PublisherLink
 from broker.log import get_logger
-from broker.message import current_subject, current_to, decode
+from broker.message import current_key, current_subject, current_to, decode
 from broker.queue import ACQUIRED, DequeueReason, Entry, Queue
 
 if TYPE_CHECKING:
@@ -269,6 +269,8 @@ class Transactions:
                 n[0] += 1
                 n[1] += size
                 o = q.options
+                if o.lvq_key is not None:
+                    current_key(o.lvq_key)  # a key no last-value queue can take refuses the whole transaction
                 if o.ring or o.lvq_key is not None:
                     continue
                 if (o.max_count is not None and len(q.entries) + n[0] > o.max_count) or (

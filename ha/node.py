@@ -21,7 +21,7 @@ from broker.extension import Extension
 from broker.links import AcceptToken, Completion, LinkHandler
 from broker.log import get_logger
 from broker.management import Request, Response, install_operations
-from broker.message import properties_of
+from broker.message import last_value_key_of
 from broker.options import REPLICATE_KEY, REPLICATE_VALUES
 from broker.queue import Entry, Queue
 from broker.server import Server
@@ -265,7 +265,7 @@ class HaNode(Extension):
             q.locked = False
             if q.options.lvq_key is not None:  # a replica never applied replacements: index its keys now
                 key = q.options.lvq_key
-                q.rebuild_last_values(lambda e, k=key: (properties_of(e.data) or {}).get(k))
+                q.rebuild_last_values(lambda e, k=key: last_value_key_of(e.data, k))
             if q in self.server.consumers:
                 self.server.wake_queue(q)
         self.primary = Primary(self, list(a.expected), a.previous_epoch)

@@ -16,7 +16,7 @@ from proton import Delivery, Message, ulong
 from proton.utils import LinkDetached
 
 from tests.broker.helpers import EngineClient, Sentinel, big_message, outcome, send_raw, stored
-from tests.support.amqp import connect, mgmt, receive, send
+from tests.support.amqp import connect, drain, mgmt, receive, send
 from tests.support.procs import ROOT, BrokerFactory, BrokerProcess, wait_for
 
 MAX_SIZE = 4096
@@ -163,6 +163,44 @@ def target(strict: BrokerProcess, request: pytest.FixtureRequest) -> str:
     create(strict.url, "queue", name, {})
     send(strict.url, name, ["before"])
     return name
+
+
+def test_a_last_value_key_that_is_not_a_simple_value_is_rejected_and_nothing_routed(
+        strict: BrokerProcess, intact: Sentinel) -> None:
+    """AMQP allows only simple values in application-properties; a list or a map as the key of a last-value queue
+    closed the link with amqp:internal-error (TypeError: unhashable). Now: rejected with amqp:decode-error before
+    any queue of the exchange takes it, the link open; an operator's move of such a message into a last-value queue
+    is refused whole."""
+    url = strict.url
+    with mgmt(url) as m:
+        m.call("CREATE", "queue", "lv-plain", {})
+        m.call("CREATE", "queue", "lv-last", {"arguments": {"lvq-key": "k"}})
+        m.call("CREATE", "exchange", "lv-fan", {"exchange-type": "fanout"})
+        for q in ("lv-plain", "lv-last"):
+            m.call("CREATE", "binding", None, {"source": "lv-fan", "destination": q, "binding-key": ""})
+    c = connect(url)
+    try:
+        link = c.create_sender("lv-fan").link
+        for tag, props in enumerate([{"k": [1, 2]}, {"k": {"x": 1}}, {"k": "a"}]):  # one link for all three
+            d = link.delivery(str(tag))
+            link.send(Message(body=f"m{tag}", properties=props).encode())
+            link.advance()
+            c.wait(lambda d=d: d.remote_state != 0, timeout=10, msg="the broker's outcome")
+            if tag < 2:
+                assert outcome(d) == (Delivery.REJECTED, "amqp:decode-error")
+                assert "application property 'k' must be a simple value" in d.remote.condition.description
+            else:
+                assert outcome(d) == (Delivery.ACCEPTED, None)
+    finally:
+        c.close()
+    send(url, "lv-fan", ["b1", "b2"], properties={"k": b"\x01"})  # a binary key (it was unhashable too) replaces
+    assert drain(url, "lv-plain") == ["m2", "b1", "b2"] and drain(url, "lv-last") == ["m2", "b2"]
+    send(url, "lv-plain", ["keyed"], properties={"k": [3]})  # fine on a queue without a last-value key
+    with mgmt(url) as m:
+        r = m.request("MOVE", "queue", "lv-plain", {"destination": "lv-last"})
+        assert r.status == 409 and r.description.endswith("got list; nothing moved"), r.description
+    assert drain(url, "lv-plain", browse=True) == ["keyed"] and drain(url, "lv-last") == []
+    assert [e for e in strict.events() if e.get("level") == "error"] == []
 
 
 @pytest.mark.parametrize("size", [MAX_SIZE * 2, 300_000])  # one frame; many frames (checked while partial)

@@ -186,3 +186,23 @@ def test_committed_durable_messages_survive_a_kill(brokers: object) -> None:
     b.kill()
     b.start()
     assert drain(b.url, "d") == [0, 1, 2]
+
+
+def test_a_commit_with_a_last_value_key_that_is_not_a_simple_value_is_refused_whole(broker: BrokerProcess) -> None:
+    """A list as the key of a last-value queue failed in the middle of the commit (TypeError: the transaction's
+    earlier messages were in, the link closed with internal-error). Now the commit is refused before anything."""
+    url = broker.url
+    with mgmt(url) as m:
+        m.call("CREATE", "queue", "last", {"arguments": {"lvq-key": "k"}})
+    c = connect(url)
+    s = c.create_sender("last")
+    txn = Txn(c)
+    txn.send(s, Message(body="fine", properties={"k": "a"}))
+    txn.send(s, Message(body="listed", properties={"k": [1, 2]}))
+    assert txn.commit() == "failed"
+    assert txn.condition.name == "amqp:transaction:rollback"
+    assert "application property 'k' must be a simple value" in txn.condition.description
+    s.send(Message(body="after", properties={"k": "a"}))  # the link still serves
+    c.close()
+    assert drain(url, "last") == ["after"]
+    assert [e for e in broker.events() if e.get("level") == "error"] == []
