@@ -67,12 +67,17 @@ _SECTION_NAMES = {
 }
 
 
-def _value_end(data: bytes, off: int) -> int:
+_MAX_DESCRIBED = 16  # described values inside described values, at most this deep (a chain of 0x00 must not recurse)
+
+
+def _value_end(data: bytes, off: int, depth: int = 0) -> int:
     """Offset just past the encoded AMQP value starting at `off` (sizes only; the content is not decoded)."""
     code = data[off]
     off += 1
     if code == 0x00:  # described: a descriptor, then the value
-        return _value_end(data, _value_end(data, off))
+        if depth >= _MAX_DESCRIBED:
+            raise MalformedMessage(f"byte {off - 1}: described values nested more than {_MAX_DESCRIBED} deep")
+        return _value_end(data, _value_end(data, off, depth + 1), depth + 1)
     hi = code >> 4
     width = _FIXED_WIDTH.get(hi)
     if width is not None:

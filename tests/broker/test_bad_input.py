@@ -232,8 +232,10 @@ GOOD = bytes(Message(body="valid", subject="s", properties={"k": 1}).encode())
 
 @pytest.mark.parametrize(
     "payload",
-    [b"garbage", GOOD[: len(GOOD) // 2], GOOD + b"\x00", b"\x00Sw", b"\x00Sw\xa1\x01x\x00Sp\x45", b""],
-    ids=["garbage", "truncated", "trailing-byte", "cut-descriptor", "sections-out-of-order", "empty"],
+    [b"garbage", GOOD[: len(GOOD) // 2], GOOD + b"\x00", b"\x00Sw", b"\x00Sw\xa1\x01x\x00Sp\x45", b"",
+     b"\x00" * 3000, b"\x00Sw" + b"\x00\x53\x01" * 1000 + b"\x45"],  # (the last two: RecursionError, link closed)
+    ids=["garbage", "truncated", "trailing-byte", "cut-descriptor", "sections-out-of-order", "empty",
+         "descriptor-chain", "described-chain-body"],
 )
 def test_malformed_message_is_rejected_with_decode_error(
     strict: BrokerProcess, intact: Sentinel, target: str, payload: bytes
