@@ -203,6 +203,20 @@ def test_a_last_value_key_that_is_not_a_simple_value_is_rejected_and_nothing_rou
     assert [e for e in strict.events() if e.get("level") == "error"] == []
 
 
+def test_a_subject_of_a_thousand_words_is_routed_by_a_topic_exchange(strict: BrokerProcess, intact: Sentinel) -> None:
+    """Topic matching recursed once per word: past ~900 words the publisher's link closed with internal-error."""
+    url = strict.url
+    with mgmt(url) as m:
+        m.call("CREATE", "queue", "words", {})
+        m.call("CREATE", "exchange", "words-topic", {"exchange-type": "topic"})
+        m.call("CREATE", "binding", None, {"source": "words-topic", "destination": "words", "binding-key": "#.end"})
+    subject = "w." * 1500 + "end"  # 3,003 bytes: within the 4 KiB limit with its body
+    send(url, "words-topic", ["long"], subject=subject)
+    send(url, "words-topic", ["elsewhere"], subject=subject + ".more")  # routed nowhere: accepted, dropped
+    assert drain(url, "words") == ["long"]
+    assert [e for e in strict.events() if e.get("level") == "error"] == []
+
+
 @pytest.mark.parametrize("size", [MAX_SIZE * 2, 300_000])  # one frame; many frames (checked while partial)
 def test_oversize_message_detaches_with_message_size_exceeded(
     strict: BrokerProcess, intact: Sentinel, target: str, size: int
