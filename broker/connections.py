@@ -67,8 +67,10 @@ def guarded(fn: F) -> F:
                     self.link_gone(link)
                     link.condition = cond
                     link.close()
-                elif event.connection is not None and event.connection.state & Endpoint.LOCAL_ACTIVE:
+                elif event.connection is not None and not event.connection.state & Endpoint.LOCAL_CLOSED:
                     event.connection.condition = cond
+                    if event.connection.state & Endpoint.LOCAL_UNINIT:  # its open unanswered: answer, then close
+                        event.connection.open()
                     event.connection.close()
             except Exception:
                 log.error("broker.error", where="cleanup", exc_info=True)
@@ -124,7 +126,14 @@ class Connections:
         conn.state = st
         st.remote = conn.remote
         st.user = login_name(event.transport) if event.transport else None
-        props = c.remote_properties or {}
+        try:
+            props = c.remote_properties or {}
+        except RecursionError:  # proton's Python reads them recursively
+            refusal = Refusal("amqp:decode-error", "connection properties nested too deeply to read")
+            self._refuse_connection(c, st, refusal)
+            log.warning("connection.refused", remote=st.remote, condition=refusal.condition,
+                        description=refusal.description)
+            return
         st.properties = dict(props)
         # The role comes from who logged in; the properties only ask (broker.auth.admit).
         granted = admit(self.trust(), st.user, props)

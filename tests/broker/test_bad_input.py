@@ -7,13 +7,14 @@ input; every test ends by proving the sentinel's messages are all there, unchang
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Delivery, Message, ulong
-from proton.utils import LinkDetached
+from proton import Delivery, Message, symbol, ulong
+from proton.utils import BlockingConnection, ConnectionClosed, LinkDetached
 
 from tests.broker.helpers import EngineClient, Sentinel, big_message, outcome, send_raw, stored
 from tests.support.amqp import connect, drain, mgmt, receive, send
@@ -214,6 +215,24 @@ def test_a_subject_of_a_thousand_words_is_routed_by_a_topic_exchange(strict: Bro
     send(url, "words-topic", ["long"], subject=subject)
     send(url, "words-topic", ["elsewhere"], subject=subject + ".more")  # routed nowhere: accepted, dropped
     assert drain(url, "words") == ["long"]
+    assert [e for e in strict.events() if e.get("level") == "error"] == []
+
+
+def test_connection_properties_nested_too_deeply_are_refused_with_decode_error(
+        strict: BrokerProcess, intact: Sentinel) -> None:
+    """proton reads them recursively: the open was never answered (the client waited out its timeout) and the
+    broker logged a bug. Now the connection is refused at once with amqp:decode-error."""
+    deep: Any = "x"
+    for _ in range(3000):
+        deep = [deep]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)  # for this client's own encoder
+    try:
+        with pytest.raises(ConnectionClosed) as e:
+            BlockingConnection(strict.url, timeout=10, properties={symbol("deep"): deep})
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "Condition('amqp:decode-error', 'connection properties nested too deeply to read')" in str(e.value)
     assert [e for e in strict.events() if e.get("level") == "error"] == []
 
 
