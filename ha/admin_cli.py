@@ -410,9 +410,8 @@ def journal_cut(data_dir: Path, yes: bool) -> None:
     click.echo(f"cut:    {plan.file} {what}: {plan.cut_bytes:,} bytes")
     if plan.moved:
         click.echo(f"        and the later segments {', '.join(plan.moved)}: {plan.moved_bytes:,} bytes")
-    click.echo(f"lost:   {plan.lost_bytes:,} bytes: the damaged record and {tools.describe_kinds(plan.lost_kinds)} "
-               "records after it (messages published after the damage are lost; messages consumed after it "
-               "come back)")
+    click.echo(f"lost:   {plan.lost_bytes:,} bytes: {tools.describe_lost(plan.lost_kinds)} (messages published "
+               "after the damage are lost; messages consumed after it come back)")
     click.echo(f"kept:   {tools.plural(doc['messages'], 'message')} ({doc['bytes']:,} bytes) on "
                f"{tools.plural(len(doc['queues']), 'durable queue')}; HA standing "
                f"{tools.describe_standing(doc['standing'])}")

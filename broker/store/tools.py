@@ -401,6 +401,13 @@ def describe_kinds(kinds: dict[str, int]) -> str:
     return ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])) or "no records"
 
 
+def describe_lost(kinds: dict[str, int]) -> str:
+    """What a cut loses besides the bad record: the whole records readable after it, by kind."""
+    if not kinds:
+        return "the damaged record (no whole record can be read after it)"
+    return f"the damaged record and {describe_kinds(kinds)} records after it"
+
+
 def _when(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if isinstance(ts, int | float) else "?"
 
@@ -435,8 +442,8 @@ def describe_problem(doc: dict[str, Any], data_dir: str) -> str:
     tail = f" and {plural(len(later), 'later segment')} ({cut.get('moved_bytes', 0):,} bytes)" if later else ""
     return (f"verdict: damaged: {p['file']} at byte {p['offset']:,}: {p['reason']}. The broker refuses to start. "
             f"`ha-admin journal cut --data-dir {data_dir}` cuts the journal there: the last {p['bytes']:,} bytes of "
-            f"{p['file']}{tail} are set aside, and what they held is lost: the damaged record and "
-            f"{describe_kinds(cut.get('lost_kinds') or {})} records (messages published after that point are "
+            f"{p['file']}{tail} are set aside, and what they held is lost: "
+            f"{describe_lost(cut.get('lost_kinds') or {})} (messages published after that point are "
             "lost; messages consumed after it come back)")
 
 

@@ -169,6 +169,11 @@ def test_a_bad_header_moves_the_whole_segment_aside(tmp_path: Path) -> None:
     assert [q["messages"] for q in T.summarise(read_journal(d)[0])["queues"]] == [10]
 
 
+def test_what_a_cut_loses_reads_as_a_sentence_with_or_without_records_after_the_damage() -> None:
+    assert T.describe_lost({"enqueue": 3, "queue": 1}) == "the damaged record and 3 enqueue, 1 queue records after it"
+    assert T.describe_lost({}) == "the damaged record (no whole record can be read after it)"  # not "no records records"
+
+
 # ----- who holds the journal -------------------------------------------------------------------------------------
 def fake_process(proc: Path, pid: int, cmdline: list[str], open_files: list[Path]) -> None:
     (proc / str(pid) / "fd").mkdir(parents=True)
