@@ -81,6 +81,18 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
     return host, p
 
 
+ZK_PORT = 2181
+
+
+def parse_zk_hosts(text: str) -> list[tuple[str, int]]:
+    """kazoo's hosts string, `host:port,host:port[/chroot]` (a port left out is 2181) -> the servers; raises
+    ValueError with a readable reason (kazoo itself fails with a traceback from urllib)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("empty list of ZooKeeper servers")
+    return [parse_address(p, default_port=ZK_PORT) for p in parts]
+
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -257,6 +269,13 @@ class BrokerConfig(BaseSettings):
         for p in parts:
             parse_address(p)
         return ",".join(p.strip() for p in parts)
+
+    @field_validator("zk_hosts")
+    @classmethod
+    def _zk_hosts(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_zk_hosts(v)
+        return v
 
     @field_validator("ha_public_url")
     @classmethod

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from proton import SSLDomain
 
-from broker.config import parse_address
+from broker.config import parse_address, parse_zk_hosts
 from broker.tls import ClientTls, TlsError, check_files, client_domain, read_password
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,3 +74,13 @@ def broker_addresses(several: bool) -> Callable[[click.Context, click.Parameter,
         return value
 
     return check
+
+
+def zk_hosts(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback for `--zk-hosts`: kazoo's hosts string, checked before anything connects."""
+    if value is not None:
+        try:
+            parse_zk_hosts(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return value

@@ -285,7 +285,8 @@ def check(broker: str, expect: str | None, timeout: float, user: str | None, pas
               help="seconds to wait for an answer")
 @click.option("--user", default=None)
 @click.option("--password", default=None)
-@click.option("--zk-hosts", default=None, help="read the cluster from ZooKeeper instead of a broker")
+@click.option("--zk-hosts", default=None, help="read the cluster from ZooKeeper instead of a broker",
+              callback=cli_tls.zk_hosts)
 @click.option("--zk-path", default="/understudy/default", show_default=True)
 @cli_tls.tls_options
 def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: str | None, is_primary: bool,

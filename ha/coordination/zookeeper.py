@@ -27,6 +27,7 @@ differences.  SUSPENDED or LOST ends the lease at once.  The server must grant t
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -112,8 +113,9 @@ def build_view(layout: Layout, snap: Snapshot, *, i_am_leader: bool = False,
 
 
 def read_cluster(hosts: str, path: str, timeout: float = 5.0) -> ClusterView:
-    """Read-only view of a cluster for ``ha-status --zk-hosts`` (like ``patronictl list``)."""
-    client = KazooClient(hosts=hosts, timeout=max(timeout, MIN_SESSION_TIMEOUT))
+    """Read-only view of a cluster for ``ha-status --zk-hosts`` (like ``patronictl list``). kazoo's own log lines
+    ("Connection dropped: ...") are not printed: a failure is one CoordinatorError saying what could not be done."""
+    client = KazooClient(hosts=hosts, timeout=max(timeout, MIN_SESSION_TIMEOUT), logger=_quiet_logger())
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError as exc:
@@ -127,6 +129,14 @@ def read_cluster(hosts: str, path: str, timeout: float = 5.0) -> ClusterView:
     finally:
         client.stop()
         client.close()
+
+
+def _quiet_logger() -> logging.Logger:
+    quiet = logging.getLogger("understudy.ha-status.kazoo")
+    quiet.propagate = False
+    if not quiet.handlers:
+        quiet.addHandler(logging.NullHandler())
+    return quiet
 
 
 class _Wake(Enum):

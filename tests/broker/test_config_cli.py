@@ -79,6 +79,8 @@ def test_good_flags_and_good_file_validate(tmp_path: Path) -> None:
         (["--ha-brokers-url", "h:99999"], None, "--ha-brokers-url", "out of range"),
         (["--ha-replicate", "sometimes"], None, "--ha-replicate", "'all', 'configuration' or 'none'"),
         (["--ha-coordinator", "zookeeper"], None, "--zk-hosts", "needs --zk-hosts"),
+        (["--zk-hosts", "127.0.0.1:notaport"], None, "--zk-hosts", "port 'notaport' is not a number"),  # traceback
+        (["--zk-hosts", " , "], None, "--zk-hosts", "empty list of ZooKeeper servers"),
         (["--ha-username", "u"], None, "--ha-password", "needs --ha-password, or"),
         (["--credit-window", "0"], None, "--credit-window", "greater than or equal to 1"),
         ([], "bogus = 1\n", "--bogus", "unknown setting"),

@@ -85,6 +85,12 @@ def test_a_bad_broker_address_is_a_usage_error_naming_it() -> None:
     for address in (f"[::1]:{dead}", f"localhost:{dead}"):  # well-formed: tried, and not there
         r = run("ha-admin", "--broker", address, "--timeout", "1", "ping")
         assert r.returncode == 1 and f"ha-admin: cannot reach {address}" in r.stderr, r.stderr
+    r = run("ha-status", "--zk-hosts", "127.0.0.1:notaport")  # kazoo's own parsing: a traceback
+    assert r.returncode == 2, r.stderr
+    assert "Error: Invalid value for '--zk-hosts': '127.0.0.1:notaport': port 'notaport' is not a number" in r.stderr
+    r = run("ha-status", "--zk-hosts", f"127.0.0.1:{dead}", "--timeout", "1")
+    assert (r.returncode, r.stderr) == (1, f"ha-status: ZooKeeper 127.0.0.1:{dead}/understudy/default: cannot reach "
+                                           f"ZooKeeper at 127.0.0.1:{dead} within 1 s\n")  # not kazoo's chatter too
 
 
 def test_understudy_cluster_refuses_bad_values_before_starting_any_broker(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import parse_address
+from broker.config import parse_address, parse_zk_hosts
 
 
 @pytest.mark.parametrize(("text", "default", "expected"), [
@@ -41,3 +41,12 @@ def test_bad_addresses_say_why(text: str, default: int | None, reason: str) -> N
     with pytest.raises(ValueError) as e:
         parse_address(text, default)
     assert str(e.value) == reason
+
+
+def test_zookeeper_hosts_as_kazoo_reads_them() -> None:
+    assert parse_zk_hosts("z1:2181,z2,[::1]:2182/understudy") == [("z1", 2181), ("z2", 2181), ("::1", 2182)]
+    for text, reason in [("z1:notaport", "'z1:notaport': port 'notaport' is not a number"),
+                         (",", "empty list of ZooKeeper servers"), ("z1,::1", "'::1': an IPv6 address needs brackets")]:
+        with pytest.raises(ValueError) as e:
+            parse_zk_hosts(text)
+        assert str(e.value).startswith(reason)
