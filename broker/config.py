@@ -93,6 +93,18 @@ def parse_zk_hosts(text: str) -> list[tuple[str, int]]:
     return [parse_address(p, default_port=ZK_PORT) for p in parts]
 
 
+def check_zk_path(path: str) -> str:
+    """A ZooKeeper node path as ZooKeeper takes it (`/understudy/orders`); raises ValueError saying what is wrong."""
+    parts = path.split("/")
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} must start with '/'")
+    if path != "/" and (path.endswith("/") or "" in parts[1:]):
+        raise ValueError(f"{path!r} has an empty part ('//' or a '/' at the end)")
+    if "." in parts or ".." in parts or "\0" in path:
+        raise ValueError(f"{path!r} has a '.' or '..' part or a NUL character")
+    return path
+
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -269,6 +281,11 @@ class BrokerConfig(BaseSettings):
         for p in parts:
             parse_address(p)
         return ",".join(p.strip() for p in parts)
+
+    @field_validator("zk_path")
+    @classmethod
+    def _zk_path(cls, v: str) -> str:
+        return check_zk_path(v)
 
     @field_validator("zk_hosts")
     @classmethod

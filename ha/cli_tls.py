@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 from proton import SSLDomain
 
-from broker.config import parse_address, parse_zk_hosts
+from broker.config import check_zk_path, parse_address, parse_zk_hosts
 from broker.tls import ClientTls, TlsError, check_files, client_domain, read_password
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,3 +84,11 @@ def zk_hosts(ctx: click.Context, param: click.Parameter, value: str | None) -> s
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
     return value
+
+
+def zk_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A click callback for `--zk-path`."""
+    try:
+        return check_zk_path(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None

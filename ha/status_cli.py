@@ -287,7 +287,7 @@ def check(broker: str, expect: str | None, timeout: float, user: str | None, pas
 @click.option("--password", default=None)
 @click.option("--zk-hosts", default=None, help="read the cluster from ZooKeeper instead of a broker",
               callback=cli_tls.zk_hosts)
-@click.option("--zk-path", default="/understudy/default", show_default=True)
+@click.option("--zk-path", default="/understudy/default", show_default=True, callback=cli_tls.zk_path)
 @cli_tls.tls_options
 def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: str | None, is_primary: bool,
         timeout: float, user: str | None, password: str | None, zk_hosts: str | None, zk_path: str,

@@ -81,6 +81,9 @@ def test_good_flags_and_good_file_validate(tmp_path: Path) -> None:
         (["--ha-coordinator", "zookeeper"], None, "--zk-hosts", "needs --zk-hosts"),
         (["--zk-hosts", "127.0.0.1:notaport"], None, "--zk-hosts", "port 'notaport' is not a number"),  # traceback
         (["--zk-hosts", " , "], None, "--zk-hosts", "empty list of ZooKeeper servers"),
+        (["--zk-path", "understudy"], None, "--zk-path", "'understudy' must start with '/'"),
+        (["--zk-path", "/a//b"], None, "--zk-path", "'/a//b' has an empty part"),
+        (["--zk-path", "/a/../b"], None, "--zk-path", "has a '.' or '..' part"),
         (["--ha-username", "u"], None, "--ha-password", "needs --ha-password, or"),
         (["--credit-window", "0"], None, "--credit-window", "greater than or equal to 1"),
         ([], "bogus = 1\n", "--bogus", "unknown setting"),

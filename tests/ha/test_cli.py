@@ -88,6 +88,8 @@ def test_a_bad_broker_address_is_a_usage_error_naming_it() -> None:
     r = run("ha-status", "--zk-hosts", "127.0.0.1:notaport")  # kazoo's own parsing: a traceback
     assert r.returncode == 2, r.stderr
     assert "Error: Invalid value for '--zk-hosts': '127.0.0.1:notaport': port 'notaport' is not a number" in r.stderr
+    r = run("ha-status", "--zk-hosts", "127.0.0.1:2181", "--zk-path", "understudy/x")
+    assert r.returncode == 2 and "Invalid value for '--zk-path': 'understudy/x' must start with '/'" in r.stderr
     r = run("ha-status", "--zk-hosts", f"127.0.0.1:{dead}", "--timeout", "1")
     assert (r.returncode, r.stderr) == (1, f"ha-status: ZooKeeper 127.0.0.1:{dead}/understudy/default: cannot reach "
                                            f"ZooKeeper at 127.0.0.1:{dead} within 1 s\n")  # not kazoo's chatter too
