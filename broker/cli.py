@@ -33,7 +33,7 @@ from broker.config import (
     flag_specs,
     load_config,
 )
-from broker.datadir import DataDirInUse, data_dir_problem, lock_data_dir
+from broker.datadir import DataDirInUse, data_dir_problem, file_problem, lock_data_dir
 from broker.server import Server
 from broker.store.records import JournalError
 from broker.tls import TlsError, config_problems
@@ -80,7 +80,21 @@ def broker_id(cfg: BrokerConfig) -> str:
     return f"broker-{uuid.uuid4().hex[:8]}"
 
 
+def path_problems(cfg: BrokerConfig, data_dir: bool = True) -> list[str]:
+    """What is wrong with the files (and, with `data_dir`, the data directory) the broker would write, judged
+    without writing anything."""
+    return [f"{flag} {path}: {problem}" for flag, path, problem in (
+        ("--data-dir", cfg.data_dir, data_dir and cfg.data_dir and data_dir_problem(cfg.data_dir, create=False)),
+        ("--log-file", cfg.log_file, cfg.log_file and file_problem(cfg.log_file)),
+        ("--pid-file", cfg.pid_file, cfg.pid_file and file_problem(cfg.pid_file))) if problem]
+
+
 def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
+    files = path_problems(cfg, data_dir=False)  # the data directory is made (or refused) below
+    if files:
+        for line in files:
+            click.echo(f"ha-broker: {line}", err=True)
+        return 2
     problem = data_dir_problem(cfg.data_dir) if cfg.data_dir is not None else None
     if problem is None:
         try:
@@ -94,7 +108,11 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
     if problem is not None:
         click.echo(f"ha-broker: --data-dir {cfg.data_dir}: {problem}", err=True)
         return 2
-    blog.configure(bid, cfg.log_level, cfg.log_file)
+    try:
+        blog.configure(bid, cfg.log_level, cfg.log_file)
+    except OSError as e:
+        click.echo(f"ha-broker: --log-file {cfg.log_file}: cannot open it: {e.strerror or e}", err=True)
+        return 2
     users = {}
     if cfg.users_file is not None:
         try:
@@ -149,8 +167,15 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
                 admin.close()
             return 2
     if cfg.pid_file is not None:
-        cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        cfg.pid_file.write_text(f"{os.getpid()}\n")
+        try:
+            cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            cfg.pid_file.write_text(f"{os.getpid()}\n")
+        except OSError as e:
+            click.echo(f"ha-broker: --pid-file {cfg.pid_file}: cannot write it: {e.strerror or e}", err=True)
+            for opened in (metrics, admin):
+                if opened is not None:
+                    opened.close()
+            return 2
     signal.signal(signal.SIGTERM, lambda *_: server.shutdown("sigterm"))
     signal.signal(signal.SIGINT, lambda *_: server.shutdown("sigint"))
     # Queues keep many long-lived objects: collect the young generation less often and keep start-up objects out
@@ -254,9 +279,10 @@ def make_command(plugins: list[Plugin], validators: list[Validator] | None = Non
                 click.echo(f"ha-broker: {line}", err=True)
             sys.exit(2)
         if validate_config:
-            problem = data_dir_problem(cfg.data_dir, create=False) if cfg.data_dir is not None else None
-            if problem is not None:
-                click.echo(f"ha-broker: --data-dir {cfg.data_dir}: {problem}", err=True)
+            problems = path_problems(cfg)
+            if problems:
+                for line in problems:
+                    click.echo(f"ha-broker: {line}", err=True)
                 sys.exit(2)
             click.echo("configuration OK")
             sys.exit(0)

@@ -61,6 +61,17 @@ def _could_not_make(path: Path) -> str | None:
     return f"cannot create it: {os.strerror(code)}"
 
 
+def file_problem(path: Path) -> str | None:
+    """Why the broker could not write the file `path` (--log-file, --pid-file; its directory is made if missing),
+    judged without writing anything, or None."""
+    if path.is_dir():
+        return "is a directory"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "not writable"
+    problem = data_dir_problem(path.parent, create=False)
+    return None if problem is None else f"its directory {path.parent}: {problem}"
+
+
 def lock_data_dir(path: Path) -> int:
     """Take DATA_DIR/lock for the life of this process and write our pid into it; returns the descriptor, which
     must stay open (not inherited: close-on-exec). Raises DataDirInUse when another process holds it, OSError when

@@ -234,6 +234,24 @@ def test_a_data_dir_that_is_a_file_or_cannot_be_made_stops_the_broker_with_a_mes
     assert a_file.read_text() == "keep\n"
 
 
+def test_a_log_or_pid_file_that_cannot_be_written_stops_the_broker_with_one_line(tmp_path: Path) -> None:
+    """They were tracebacks (exit 1): a parent that is a file, a log file that is a directory."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep\n")
+    for args, expected in [
+        (["--log-file", str(a_file / "b.log")], f"--log-file {a_file / 'b.log'}: its directory {a_file}: not a "
+                                                "directory"),
+        (["--log-file", str(tmp_path)], f"--log-file {tmp_path}: is a directory"),
+        (["--pid-file", str(a_file / "b.pid")], f"--pid-file {a_file / 'b.pid'}: its directory {a_file}: not a "
+                                                "directory"),
+    ]:
+        for check in ([], ["--validate-config"]):
+            r = subprocess.run([str(BIN / "ha-broker"), "--port", "0", *args, *check], capture_output=True, text=True,
+                               timeout=30)
+            assert (r.returncode, r.stderr) == (2, f"ha-broker: {expected}\n"), (check, r.stderr)
+    assert a_file.read_text() == "keep\n"
+
+
 def test_a_journal_file_that_cannot_be_opened_is_named_and_the_journal_left_intact(brokers: BrokerFactory) -> None:
     b = brokers()
     durable_queue(b, "q")
