@@ -447,10 +447,13 @@ def pacemaker_setup(vip: str, brokers_url: str, public_url: str | None, port: in
     """Create the promotable broker clone, the IPaddr2 VIP and their constraints with pcs (prints each command)."""
     from ha.pacemaker import run_setup, setup_commands, setup_from_options
 
+    loose = [kv for kv in param if "=" not in kv]
+    if loose:
+        usage(f"--param: expected KEY=VALUE, got {loose[0]!r}")
     try:
         extra = dict(kv.split("=", 1) for kv in param)
         setup = setup_from_options(vip, brokers_url, public_url=public_url, port=port, data_dir=data_dir,
                                    bindir=bindir, nic=nic, cidr_netmask=cidr_netmask, extra_params=extra)
     except ValueError as e:
-        fail(str(e))
+        usage(str(e))  # every one of them is how the command line was given
     sys.exit(1 if run_setup(setup_commands(setup), dry_run, click.echo) else 0)

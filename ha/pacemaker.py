@@ -49,14 +49,14 @@ class PacemakerSetup:
     cib_file: str = "understudy-cib.xml"
 
     def __post_init__(self) -> None:
-        ipaddress.ip_address(self.vip)  # ValueError names the bad address
+        widest = ipaddress.ip_address(self.vip).max_prefixlen  # ValueError names the bad address
         for name in (self.resource, self.vip_resource):
             if not _ID.match(name):
                 raise ValueError(f"bad Pacemaker resource id {name!r}")
         if self.resource == self.vip_resource:
             raise ValueError("the clone and the VIP need different resource ids")
-        if not 1 <= self.cidr_netmask <= 32:
-            raise ValueError(f"cidr_netmask must be 1..32, got {self.cidr_netmask}")
+        if not 1 <= self.cidr_netmask <= widest:
+            raise ValueError(f"cidr_netmask must be 1..{widest} for {self.vip}, got {self.cidr_netmask}")
         if self.agent.count(":") != 2 or not self.agent.startswith("ocf:"):
             raise ValueError(f"agent must be ocf:PROVIDER:TYPE, got {self.agent!r}")
         for key in self.agent_params:
@@ -156,10 +156,29 @@ def setup_from_options(
     cidr_netmask: int = 24,
     extra_params: Mapping[str, str] | None = None,
 ) -> PacemakerSetup:
-    """The usual deployment: agent parameters from command-line style options (``ha-admin pacemaker-setup``)."""
+    """The usual deployment: agent parameters from command-line style options (``ha-admin pacemaker-setup``).
+    Raises ValueError naming the option, for what the agent would refuse later (`validate-all`) or Pacemaker never
+    run: a VIP that is not an address, brokers or a public URL that are not host:port, a port out of range."""
+    from broker.config import parse_address
+
+    try:
+        address = ipaddress.ip_address(vip)
+    except ValueError:
+        raise ValueError(f"--vip: {vip!r} is not an IPv4 or IPv6 address") from None
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port: expected 1..65535, got {port}")
+    brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
+    if not brokers:
+        raise ValueError("--brokers-url: empty: give every broker's own host:port, comma separated")
+    for flag, value in [*(("--brokers-url", b) for b in brokers), *([("--public-url", public_url)] if public_url else [])]:
+        try:
+            parse_address(value)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
+    host = f"[{vip}]" if address.version == 6 else vip  # IPv6 in brackets, as the agent and the broker read it
     params = {
-        "brokers_url": brokers_url,
-        "public_url": public_url or f"{vip}:{port}",
+        "brokers_url": ",".join(brokers),
+        "public_url": public_url or f"{host}:{port}",
         "port": str(port),
         "data_dir": data_dir,
     }

@@ -155,6 +155,10 @@ def test_pacemaker_setup_dry_run_prints_the_pcs_commands() -> None:
     text = r.stdout
     assert "ocf:understudy:understudy" in text and "promotable" in text and "ocf:heartbeat:IPaddr2" in text
     assert "colocation" in text and "order" in text and "cib-push" in text
+    for args, line in [(["--vip", "notanip"], "--vip: 'notanip' is not an IPv4 or IPv6 address"),
+                       (["--vip", "10.0.0.100", "--param", "noequals"], "--param: expected KEY=VALUE, got 'noequals'")]:
+        r = run("ha-admin", "pacemaker-setup", "--brokers-url", "10.0.0.1:5672,10.0.0.2:5672", *args, "--dry-run")
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"ha-admin: {line}\n")  # usage errors, no command run
 
 
 def test_zookeeper_timing_rules_are_checked_at_start_up() -> None:

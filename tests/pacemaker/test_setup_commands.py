@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from ha.pacemaker import PacemakerSetup, run_setup, setup_commands
+from ha.pacemaker import PacemakerSetup, run_setup, setup_commands, setup_from_options
 
 pytestmark = pytest.mark.pacemaker
 
@@ -91,3 +91,29 @@ def test_run_stops_at_first_failure_before_the_push() -> None:
     assert rc == 1
     assert not any("cib-push" in c for c in ran)
     assert printed[-1].startswith("failed (exit 1)")
+
+
+@pytest.mark.parametrize(
+    ("vip", "brokers_url", "extra", "message"),
+    [
+        ("notanip", "a:1,b:2", {}, "--vip: 'notanip' is not an IPv4 or IPv6 address"),
+        ("10.0.0.9", "nohost", {}, "--brokers-url: 'nohost' is not host:port"),
+        ("10.0.0.9", " , ", {}, "--brokers-url: empty"),
+        ("10.0.0.9", "a:1,b:2", {"port": 70000}, "--port: expected 1..65535, got 70000"),
+        ("10.0.0.9", "a:1,b:2", {"public_url": "::1"}, "--public-url: '::1': an IPv6 address needs brackets"),
+        ("10.0.0.9", "a:1,b:2", {"cidr_netmask": 64}, "cidr_netmask must be 1..32 for 10.0.0.9, got 64"),
+    ],
+)
+def test_the_options_of_pacemaker_setup_are_checked_before_any_pcs_command(
+        vip: str, brokers_url: str, extra: dict[str, object], message: str) -> None:
+    """What the agent's validate-all would refuse (OCF_ERR_CONFIGURED) after the resources were made, or what
+    Pacemaker could never run, is refused here with the option named."""
+    with pytest.raises(ValueError) as e:
+        setup_from_options(vip, brokers_url, **extra)  # type: ignore[arg-type]
+    assert str(e.value).startswith(message)
+
+
+def test_an_ipv6_vip_gets_a_bracketed_public_url_and_a_netmask_up_to_128() -> None:
+    setup = setup_from_options("fd00::9", "[fd00::1]:5672,[fd00::2]:5672", cidr_netmask=64)
+    assert setup.agent_params["public_url"] == "[fd00::9]:5672"  # "fd00::9:5672" is not host:port for the agent
+    assert "cidr_netmask=64" in setup_commands(setup)[2]
