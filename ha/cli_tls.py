@@ -1,5 +1,7 @@
-"""The TLS options of `ha-admin` and `ha-status` (docs/tls.md): one decorator, one function to turn them into a
-proton client domain, so both tools take and check them the same way; and the one check of their `--broker`."""
+"""The options `ha-admin` and `ha-status` share. TLS (docs/tls.md): one decorator, one function to turn them into a
+proton client domain, so both tools take and check them the same way. And the click callbacks that check their
+addresses before anything connects (`--broker`; `--zk-hosts`, `--zk-path`), with the broker's own readers of them
+(broker.config), so a tool never takes what a broker would refuse."""
 
 from __future__ import annotations
 
