@@ -161,6 +161,7 @@ class QueueObserver(Protocol):
     def enqueued(self, queue: Queue, entry: Entry) -> None: ...
     def acquired(self, queue: Queue, entry: Entry) -> None: ...
     def released(self, queue: Queue, entry: Entry) -> None: ...
+    def recounted(self, queue: Queue, entry: Entry) -> None: ...  # its delivery count went up (a failed delivery)
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None: ...
 
 
@@ -651,6 +652,18 @@ class Queue:
         heapq.heappush(self._back[entry.level], (entry.position, entry))
         for o in self.observers:
             o.released(self, entry)
+            if delivery_failed:
+                o.recounted(self, entry)
+
+    def recount(self, entry: Entry, count: int) -> None:
+        """A replica's delivery count as its primary has it now (a failed delivery there), for the observers that
+        keep it (the store)."""
+        if count == entry.count:
+            return
+        entry.count = count
+        if self.entries.get(entry.position) is entry:
+            for o in self.observers:
+                o.recounted(self, entry)
 
     def dequeue(self, entry: Entry, reason: DequeueReason = DequeueReason.ACCEPTED) -> None:
         """Forget a message for good."""

@@ -219,8 +219,9 @@ class QueueReplicator:
         elif isinstance(r, B.Released):
             e = entries.get(r.position)
             if e is not None:
-                e.count = r.delivery_count
+                e.count -= 1 if e.flags & HELD else 0  # back to the count journaled: a holder's +1 was a guess
                 e.flags = (e.flags & ~(HELD | REDELIVERED)) | (r.flags & REDELIVERED)
+                q.recount(e, r.delivery_count)  # a failed delivery on the primary: journaled here too
         elif q.dedup is not None:
             q.dedup.replace(r.items, time.time())
 

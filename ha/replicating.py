@@ -156,6 +156,9 @@ class QueueWatch:
                 self.scheduled = True
                 self.primary.changed.append(self)
 
+    def recounted(self, queue: Queue, entry: Entry) -> None:
+        pass  # the release that came with it carries the count to the backups
+
     def released(self, queue: Queue, entry: Entry) -> None:
         if self.senders:
             self.returned.append((len(self.taken), entry.position, entry.flags & REDELIVERED, entry.count))

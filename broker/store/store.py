@@ -315,6 +315,7 @@ class Store(Extension):
         self.recovered = Recovered()
         self._probe: Any = None
         self.journaled: list[Entry] = []  # entries whose records this pass appended (reset if the write fails)
+        self.rejournaled: list[tuple[Entry, int]] = []  # entries written again this pass, with where they were
         self.parking: set[Queue] = set()  # queues that parked messages this pass
         self.paging: set[Queue] = set()  # queues with paged messages
         self.readers: dict[int, int] = {}  # segment -> fd open for reading paged messages back
@@ -527,6 +528,22 @@ class Store(Extension):
     def released(self, queue: Queue, entry: Entry) -> None:
         pass
 
+    def recounted(self, queue: Queue, entry: Entry) -> None:
+        """A failed delivery of a journaled message: its record is written again with the new delivery count (and
+        flags); recovery keeps the later record of a position, so --delivery-limit and the delivery-count a consumer
+        sees survive a restart. Rare (a consumer that failed or vanished), so the message is simply written again."""
+        loc = entry.seg
+        st = self.queues.get(queue)
+        if not loc or st is None or entry.state == PAGED or not entry.flags & DURABLE:
+            return
+        j = self.journal
+        entry.seg = j.segment << 32 | (j.size + j.pending_bytes)
+        j.append(R.enqueue(st.qid, entry.position, entry.level, entry.flags & _FLAGS, entry.count, entry.expires,
+                           entry.data))
+        self.rejournaled.append((entry, loc))
+        _count(st.live, loc >> 32, -1)
+        st.live[j.segment] = st.live.get(j.segment, 0) + 1
+
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
         loc = entry.seg
         if not loc:
@@ -634,6 +651,7 @@ class Store(Extension):
         that whatever the rest of the pass journals is written in it too)."""
         waiting, after = self.waiting, self.after
         journaled, self.journaled = self.journaled, []
+        rejournaled, self.rejournaled = self.rejournaled, []
         if not waiting and not after and not self.journal.pending:
             return False
         self.waiting, self.after = [], []
@@ -641,6 +659,7 @@ class Store(Extension):
             ticket = self.journal.commit()
         except BrokerError as e:  # JournalFull / JournalError: nothing of it is on disk
             self._unjournal(journaled)
+            self._unmove(rejournaled)
             self._fail(str(e), waiting)
             for fn in after:
                 fn()
@@ -662,6 +681,18 @@ class Store(Extension):
                 if q.entries.get(e.position) is e:
                     _count(st.live, loc >> 32, -1)
                     break
+
+    def _unmove(self, moved: list[tuple[Entry, int]]) -> None:
+        """Records written again were not: each message is where its last record on disk is (its older count)."""
+        for e, loc in reversed(moved):  # a message written again twice in a pass: back to the first place
+            if not e.seg:
+                continue
+            for q, st in self.queues.items():
+                if q.entries.get(e.position) is e:
+                    _count(st.live, e.seg >> 32, -1)
+                    st.live[loc >> 32] = st.live.get(loc >> 32, 0) + 1
+                    break
+            e.seg = loc
 
     def sync_deferred(self) -> bool:
         """After the loop wrote its sockets: the pass's small commit is synced now (`Journal.sync_deferred`) and what

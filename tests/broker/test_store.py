@@ -14,10 +14,10 @@ from proton import Delivery, Message
 from proton.utils import BlockingConnection, SendException
 
 from broker.store import records as R
-from tests.support.amqp import drain, mgmt, receive, send
+from tests.support.amqp import drain, mgmt, receive, send, settle_last
 from tests.support.bulk import fill, number_of
 from tests.support.disks import fill_up
-from tests.support.procs import BIN, BrokerFactory, BrokerProcess, wait_for
+from tests.support.procs import BIN, ROOT, BrokerFactory, BrokerProcess, wait_for
 
 
 def journal_dir(b: BrokerProcess) -> Path:
@@ -386,3 +386,75 @@ def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
     restart_after_kill(b)
     rest = drain(b.url, "full")
     assert [int(str(x).split("-")[0]) for x in rest[:-1]] == accepted[3:] and rest[-1] == "after"
+
+
+def test_a_failed_delivery_count_survives_a_restart_and_so_does_the_delivery_limit(brokers: BrokerFactory) -> None:
+    """The count of failed deliveries was journaled only with the message's first record: after a restart a poison
+    message started again from 0 (delivery-count 0 to its consumer, --delivery-limit counting anew)."""
+    b = brokers()
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "dlq", {"arguments": {"durable": True}})
+        m.call("CREATE", "exchange", "dlx", {"exchange-type": "fanout", "arguments": {"durable": True}})
+        m.call("CREATE", "binding", None, {"source": "dlx", "destination": "dlq", "binding-key": ""})
+        m.call("CREATE", "queue", "work", {"arguments": {"durable": True, "delivery-limit": 3,
+                                                         "alternate-exchange": "dlx"}})
+    send(b.url, "work", ["poison", "fine"], durable=True)
+
+    def fail_first() -> int:
+        c = BlockingConnection(b.url, timeout=10)
+        try:
+            r = c.create_receiver("work", credit=1)
+            got = r.receive(timeout=10)
+            assert got.body == "poison"
+            settle_last(r, Delivery.MODIFIED, failed=True)
+            r.close()
+            return int(got.delivery_count)
+        finally:
+            c.close()
+
+    assert [fail_first(), fail_first()] == [0, 1]
+    restart_after_kill(b)
+    assert fail_first() == 2  # the third failed delivery: the limit is reached
+    wait_for(lambda: drain(b.url, "dlq", browse=True) == ["poison"], what="the poison message dead-lettered")
+    assert drain(b.url, "work") == ["fine"]
+
+
+def test_a_count_that_cannot_be_journaled_leaves_the_message_at_its_last_record(
+        brokers: BrokerFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed delivery writes the message again (with its count); when that write fails (an I/O error), the
+    message must stay where its last record on disk is, and be counted there: else the segment holding it is
+    dropped at the next roll-over as if nothing on it were live, and the message is lost at the next start."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the broker process imports tests.support.journal_plugin
+    b = brokers("--journal-segment-bytes", str(64 * 1024), "--plugin", "tests.support.journal_plugin:install")
+    durable_queue(b, "q")
+    durable_queue(b, "filler")
+    send(b.url, "q", ["keep"], durable=True)  # in segment 1
+
+    def segment() -> int:
+        with mgmt(b.url) as m:
+            return int(m.call("READ", "broker", "broker").body["journal"]["segment"])
+
+    def roll_to(number: int) -> None:
+        while segment() < number:
+            send(b.url, "filler", [f"{i}-{'y' * 4000}" for i in range(4)], durable=True)
+            drain(b.url, "filler")
+
+    roll_to(2)  # segments 1 and 2: nothing compacted yet
+    assert segment() == 2
+    with mgmt(b.url) as m:
+        m.call("BREAK", "test-journal", None)
+    c = BlockingConnection(b.url, timeout=10)
+    try:
+        r = c.create_receiver("q", credit=1)
+        assert r.receive(timeout=10).body == "keep"
+        settle_last(r, Delivery.MODIFIED, failed=True)  # its record in segment 2 cannot be written
+        r.close()
+    finally:
+        c.close()
+    wait_for(lambda: any(e["event"] == "journal.failed" for e in b.events()), 10, what="the write to fail")
+    with mgmt(b.url) as m:
+        m.call("MEND", "test-journal", None)
+    wait_for(lambda: any(e["event"] == "journal.writable" for e in b.events()), 10, what="writes to succeed again")
+    roll_to(3)  # segment 1 is dropped here if nothing on it counts as live
+    restart_after_kill(b)
+    assert drain(b.url, "q") == ["keep"]
