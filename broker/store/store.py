@@ -38,7 +38,7 @@ from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
-from broker.queue import DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
+from broker.queue import DEAD, DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
 from broker.store.journal import Journal, segment_name, segment_numbers
 from broker.store.syncproc import SyncProcess
@@ -315,7 +315,7 @@ class Store(Extension):
         self.recovered = Recovered()
         self._probe: Any = None
         self.journaled: list[Entry] = []  # entries whose records this pass appended (reset if the write fails)
-        self.rejournaled: list[tuple[Entry, int]] = []  # entries written again this pass, with where they were
+        self.rejournaled: list[tuple[_Q, Entry, int]] = []  # entries written again this pass, and where they were
         self.parking: set[Queue] = set()  # queues that parked messages this pass
         self.paging: set[Queue] = set()  # queues with paged messages
         self.readers: dict[int, int] = {}  # segment -> fd open for reading paged messages back
@@ -540,7 +540,7 @@ class Store(Extension):
         entry.seg = j.segment << 32 | (j.size + j.pending_bytes)
         j.append(R.enqueue(st.qid, entry.position, entry.level, entry.flags & _FLAGS, entry.count, entry.expires,
                            entry.data))
-        self.rejournaled.append((entry, loc))
+        self.rejournaled.append((st, entry, loc))
         _count(st.live, loc >> 32, -1)
         st.live[j.segment] = st.live.get(j.segment, 0) + 1
 
@@ -682,16 +682,15 @@ class Store(Extension):
                     _count(st.live, loc >> 32, -1)
                     break
 
-    def _unmove(self, moved: list[tuple[Entry, int]]) -> None:
-        """Records written again were not: each message is where its last record on disk is (its older count)."""
-        for e, loc in reversed(moved):  # a message written again twice in a pass: back to the first place
+    def _unmove(self, moved: list[tuple[_Q, Entry, int]]) -> None:
+        """Records written again were not: each message is where its last record on disk is (its older count), and
+        counted live there. One dequeued meanwhile was counted off where it was moved to: its old place stays off."""
+        for st, e, loc in reversed(moved):  # a message written again twice in a pass: back to the first place
             if not e.seg:
-                continue
-            for q, st in self.queues.items():
-                if q.entries.get(e.position) is e:
-                    _count(st.live, e.seg >> 32, -1)
-                    st.live[loc >> 32] = st.live.get(loc >> 32, 0) + 1
-                    break
+                continue  # its first record was in the failed write too (`_unjournal`)
+            if e.state != DEAD:
+                _count(st.live, e.seg >> 32, -1)
+                st.live[loc >> 32] = st.live.get(loc >> 32, 0) + 1
             e.seg = loc
 
     def sync_deferred(self) -> bool:
