@@ -226,6 +226,16 @@ def request_reopen() -> None:
         _sink.request_reopen()
 
 
+def silent_logger(name: str) -> logging.Logger:
+    """A stdlib logger that writes nothing, for a library whose own lines a command-line tool replaces with one
+    message of its own (kazoo's "Connection dropped" in `ha-status --zk-hosts`). Not registered: the process's
+    logging is left as it is."""
+    quiet = logging.Logger(name)
+    quiet.propagate = False
+    quiet.addHandler(logging.NullHandler())
+    return quiet
+
+
 def get_logger(name: str | None = None) -> Any:
     return structlog.get_logger(name)
 

@@ -27,7 +27,6 @@ differences.  SUSPENDED or LOST ends the lease at once.  The server must grant t
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
 import time
@@ -42,6 +41,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState, WatchedEvent
 from kazoo.retry import KazooRetry
 
+from broker.log import silent_logger
 from ha.coordination import election
 from ha.coordination.backoff import backoff_delays
 from ha.coordination.base import (
@@ -115,7 +115,7 @@ def build_view(layout: Layout, snap: Snapshot, *, i_am_leader: bool = False,
 def read_cluster(hosts: str, path: str, timeout: float = 5.0) -> ClusterView:
     """Read-only view of a cluster for ``ha-status --zk-hosts`` (like ``patronictl list``). kazoo's own log lines
     ("Connection dropped: ...") are not printed: a failure is one CoordinatorError saying what could not be done."""
-    client = KazooClient(hosts=hosts, timeout=max(timeout, MIN_SESSION_TIMEOUT), logger=_quiet_logger())
+    client = KazooClient(hosts=hosts, timeout=max(timeout, MIN_SESSION_TIMEOUT), logger=silent_logger("kazoo.ha-status"))
     try:
         client.start(timeout=timeout)
     except KazooTimeoutError as exc:
@@ -129,14 +129,6 @@ def read_cluster(hosts: str, path: str, timeout: float = 5.0) -> ClusterView:
     finally:
         client.stop()
         client.close()
-
-
-def _quiet_logger() -> logging.Logger:
-    quiet = logging.getLogger("understudy.ha-status.kazoo")
-    quiet.propagate = False
-    if not quiet.handlers:
-        quiet.addHandler(logging.NullHandler())
-    return quiet
 
 
 class _Wake(Enum):
