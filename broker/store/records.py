@@ -163,6 +163,21 @@ def dedup(qid: int, items: list[tuple[bytes, float]], reset: bool) -> bytes:
     return out[0] if len(out) == 1 else b"".join(out)
 
 
+def dedup_items(payload: bytes | memoryview) -> list[tuple[bytes, float]]:
+    """The ids of a DEDUP record's payload, oldest first (ValueError if it does not add up: the CRC passed, so a
+    bug)."""
+    off, n = _DEDUP.size, len(payload)
+    items: list[tuple[bytes, float]] = []
+    while off < n:
+        t, k = _ID.unpack_from(payload, off)
+        off += _ID.size
+        if off + k > n:
+            raise ValueError("dedup record truncated")
+        items.append((bytes(payload[off : off + k]), t))
+        off += k
+    return items
+
+
 def mark(at: int, durable: int) -> bytes:
     """The MARK record ending a commit: its own offset `at` in the segment, and `durable`: the segment's bytes known
     to be on disk when the commit was written (0 if none of this segment was yet)."""
@@ -203,18 +218,13 @@ class Record(NamedTuple):  # a tuple: a million of them are made at recovery
 
     def dedup(self) -> tuple[int, bool, list[tuple[bytes, float]]]:
         """A DEDUP record: queue, reset, ids (ValueError if it does not add up: the CRC passed, so a bug)."""
-        p = self.payload
-        qid, reset = _DEDUP.unpack_from(p)
-        off, n = _DEDUP.size, len(p)
-        items: list[tuple[bytes, float]] = []
-        while off < n:
-            t, k = _ID.unpack_from(p, off)
-            off += _ID.size
-            if off + k > n:
-                raise ValueError("dedup record truncated")
-            items.append((bytes(p[off : off + k]), t))
-            off += k
-        return qid, bool(reset), items
+        qid, reset = self.dedup_head()
+        return qid, reset, dedup_items(self.payload)
+
+    def dedup_head(self) -> tuple[int, bool]:
+        """A DEDUP record's queue and reset flag, its ids left unread (`dedup_items`)."""
+        qid, reset = _DEDUP.unpack_from(self.payload)
+        return qid, bool(reset)
 
     def qid(self) -> int:
         return int(_QID.unpack_from(self.payload)[0])

@@ -157,7 +157,9 @@ class Image:
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.bindings: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.state: dict[str, Any] = {}
-        self.windows: dict[int, list[tuple[bytes, float]]] = {}  # qid -> duplicate window ids, oldest first
+        # qid -> the DEDUP payloads of its duplicate window since the last whole one (read at the end: every segment
+        # starts with a whole window, and all but the last are replaced)
+        self.window_parts: dict[int, list[bytes]] = {}
         self.budget = budget
         self.memory = 0  # bytes of the messages read (bodies and JOURNALED_ENTRY_COST each)
 
@@ -222,18 +224,26 @@ class Image:
         elif kind == R.STATE:
             self.state = rec.document()
         elif kind == R.DEDUP:
-            qid, reset, items = rec.dedup()
-            if reset or qid not in self.windows:
-                self.windows[qid] = items
+            qid, reset = rec.dedup_head()
+            parts = self.window_parts.get(qid)
+            if reset or parts is None:
+                self.window_parts[qid] = [bytes(rec.payload)]
             else:
-                ids = self.windows[qid]
-                ids.extend(items)
-                cap = (self.queues.get(qid) or {}).get("arguments", {}).get("duplicate-window")
-                if isinstance(cap, int) and len(ids) > 2 * cap:  # replaying many passes: keep it bounded
-                    del ids[: len(ids) - cap]
+                parts.append(bytes(rec.payload))
+
+    def window(self, qid: int) -> list[tuple[bytes, float]] | None:
+        """A queue's duplicate window as replayed, oldest id first (None: none journaled)."""
+        parts = self.window_parts.get(qid)
+        if parts is None:
+            return None
+        ids = [item for p in parts for item in R.dedup_items(p)]
+        cap = (self.queues.get(qid) or {}).get("arguments", {}).get("duplicate-window")
+        if isinstance(cap, int) and len(ids) > cap:  # the window holds the last `cap` of them
+            del ids[: len(ids) - cap]
+        return ids
 
     def _forget(self, qid: int) -> None:
-        self.windows.pop(qid, None)
+        self.window_parts.pop(qid, None)
         msgs = self.messages.pop(qid, None)
         if msgs:
             self.memory -= sum(len(m[4]) + JOURNALED_ENTRY_COST for m in msgs.values())
@@ -374,7 +384,7 @@ class Store(Extension):
                 report.messages += index.count
                 report.paged += index.count
             q.next_position = max(q.next_position, int(doc.get("next", 1)))
-            window = image.windows.get(qid)
+            window = image.window(qid)
             if window and q.dedup is not None:
                 q.dedup.replace(window, time.time())
             self.next_qid = max(self.next_qid, qid + 1)
