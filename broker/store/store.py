@@ -546,13 +546,19 @@ class Store(Extension):
         st = self.queues.get(queue)
         if not loc or st is None or entry.state == PAGED or not entry.flags & DURABLE:
             return
-        j = self.journal
-        entry.seg = j.segment << 32 | (j.size + j.pending_bytes)
-        j.append(R.enqueue(st.qid, entry.position, entry.level, entry.flags & _FLAGS, entry.count, entry.expires,
-                           entry.data))
+        self._write_again(st.qid, entry)
         self.rejournaled.append((st, entry, loc))
         _count(st.live, loc >> 32, -1)
-        st.live[j.segment] = st.live.get(j.segment, 0) + 1
+        seg = self.journal.segment
+        st.live[seg] = st.live.get(seg, 0) + 1
+
+    def _write_again(self, qid: int, entry: Entry) -> None:
+        """Append a journaled message's record again at the journal's end and point the entry at it (the cold
+        paths: a new delivery count, compaction; `enqueued` writes the first record inline, once per message)."""
+        j = self.journal
+        entry.seg = j.segment << 32 | (j.size + j.pending_bytes)
+        j.append(R.enqueue(qid, entry.position, entry.level, entry.flags & _FLAGS, entry.count, entry.expires,
+                           entry.data))
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
         loc = entry.seg
@@ -872,7 +878,6 @@ class Store(Extension):
         """Write the live messages of `segment` again at the end; the segment is then dead (dropped at the next
         roll)."""
         current = self.journal.segment
-        j = self.journal
         moved: list[tuple[Entry, int]] = []
         counts: list[tuple[_Q, int]] = []
         for q, st in self.queues.items():
@@ -881,8 +886,7 @@ class Store(Extension):
             for e in q.entries.values():
                 if e.seg >> 32 == segment:
                     moved.append((e, e.seg))
-                    e.seg = current << 32 | (j.size + j.pending_bytes)
-                    j.append(R.enqueue(st.qid, e.position, e.level, e.flags & _FLAGS, e.count, e.expires, e.data))
+                    self._write_again(st.qid, e)
             n = st.live.pop(segment)
             counts.append((st, n))
             st.live[current] = st.live.get(current, 0) + n
