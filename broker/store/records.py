@@ -216,11 +216,6 @@ class Record(NamedTuple):  # a tuple: a million of them are made at recovery
         (qid,) = _QID.unpack_from(self.payload)
         return qid, json.loads(bytes(self.payload[4:]))
 
-    def dedup(self) -> tuple[int, bool, list[tuple[bytes, float]]]:
-        """A DEDUP record: queue, reset, ids (ValueError if it does not add up: the CRC passed, so a bug)."""
-        qid, reset = self.dedup_head()
-        return qid, reset, dedup_items(self.payload)
-
     def dedup_head(self) -> tuple[int, bool]:
         """A DEDUP record's queue and reset flag, its ids left unread (`dedup_items`)."""
         qid, reset = _DEDUP.unpack_from(self.payload)
