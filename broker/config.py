@@ -84,10 +84,16 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
 ZK_PORT = 2181
 
 
+def split_list(text: str | None) -> list[str]:
+    """A comma-separated list as an operator types it (`a:5672, b:5672,`): the items, stripped, empty ones left
+    out."""
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
 def parse_zk_hosts(text: str) -> list[tuple[str, int]]:
     """kazoo's hosts string, `host:port,host:port[/chroot]` (a port left out is 2181) -> the servers; raises
     ValueError with a readable reason (kazoo itself fails with a traceback from urllib)."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
+    parts = split_list(text)
     if not parts:
         raise ValueError("empty list of ZooKeeper servers")
     return [parse_address(p, default_port=ZK_PORT) for p in parts]
@@ -275,12 +281,12 @@ class BrokerConfig(BaseSettings):
     def _brokers(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        parts = [p for p in v.split(",") if p.strip()]
+        parts = split_list(v)
         if not parts:
             raise ValueError("empty list of brokers")
         for p in parts:
             parse_address(p)
-        return ",".join(p.strip() for p in parts)
+        return ",".join(parts)
 
     @field_validator("zk_path")
     @classmethod
@@ -369,7 +375,7 @@ class BrokerConfig(BaseSettings):
 
     @property
     def brokers(self) -> list[tuple[str, int]]:
-        return [parse_address(p) for p in (self.ha_brokers_url or "").split(",") if p.strip()]
+        return [parse_address(p) for p in split_list(self.ha_brokers_url)]
 
 
 class ConfigError(Exception):

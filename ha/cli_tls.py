@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import click
 from proton import SSLDomain
 
-from broker.config import check_zk_path, parse_address, parse_zk_hosts
+from broker.config import check_zk_path, parse_address, parse_zk_hosts, split_list
 from broker.tls import ClientTls, TlsError, check_files, client_domain, read_password
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,7 +65,7 @@ def broker_addresses(several: bool) -> Callable[[click.Context, click.Parameter,
     """A click callback for `--broker`: each address is host:port (a port left out is 5672), several only when
     `several` (comma separated); a bad one is a usage error naming it, before anything connects."""
     def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
-        parts = [p.strip() for p in value.split(",") if p.strip()]
+        parts = split_list(value)
         if len(parts) != 1 and not several:
             raise click.BadParameter(f"one broker's host:port, got {len(parts) or 'none'}: {value!r}")
         for part in parts:

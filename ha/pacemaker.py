@@ -159,7 +159,7 @@ def setup_from_options(
     """The usual deployment: agent parameters from command-line style options (``ha-admin pacemaker-setup``).
     Raises ValueError naming the option, for what the agent would refuse later (`validate-all`) or Pacemaker never
     run: a VIP that is not an address, brokers or a public URL that are not host:port, a port out of range."""
-    from broker.config import parse_address
+    from broker.config import parse_address, split_list
 
     try:
         address = ipaddress.ip_address(vip)
@@ -167,7 +167,7 @@ def setup_from_options(
         raise ValueError(f"--vip: {vip!r} is not an IPv4 or IPv6 address") from None
     if not 1 <= port <= 65535:
         raise ValueError(f"--port: expected 1..65535, got {port}")
-    brokers = [b.strip() for b in brokers_url.split(",") if b.strip()]
+    brokers = split_list(brokers_url)
     if not brokers:
         raise ValueError("--brokers-url: empty: give every broker's own host:port, comma separated")
     for flag, value in [*(("--brokers-url", b) for b in brokers), *([("--public-url", public_url)] if public_url else [])]:

@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.client import ManagementClient, ManagementError
+from broker.config import split_list
 from broker.tls import ClientTls, TlsError
 from ha import cli_tls
 from ha import protocol as P
@@ -70,10 +71,6 @@ def ask_all(urls: list[str], timeout: float, user: str | None, password: str | N
         return {u: f.result() for u, f in futures.items()}
 
 
-def _addresses(brokers_url: str | None) -> list[str]:
-    return [u.strip() for u in (brokers_url or "").split(",") if u.strip()]
-
-
 def _clock(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "?"
 
@@ -89,7 +86,7 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
     # brokers_url first: those are the addresses the cluster is configured with (a member's own address may be a
     # wildcard such as 0.0.0.0:5672 when it listens on every interface).
     todo: list[str] = []
-    for a in [*_addresses(st.get("brokers_url")), *(m.get("address") for m in listed.values())]:
+    for a in [*split_list(st.get("brokers_url")), *(m.get("address") for m in listed.values())]:
         if a and a not in todo and a not in (url, st.get("address")):
             todo.append(a)
     answers: dict[str, tuple[str, dict[str, Any]]] = {st["name"]: (url, st)}  # name -> (address asked, answer)
@@ -302,12 +299,12 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: s
     if expect is not None or is_primary:
         clash = [flag for flag, given in (("--expect", expect is not None and is_primary), ("--watch", watch),
                                           ("--zk-hosts", zk_hosts), ("several --broker addresses",
-                                                                      len(_addresses(broker)) > 1)) if given]
+                                                                      len(split_list(broker)) > 1)) if given]
         if clash:
             raise click.UsageError(f"--expect/--is-primary check one broker once: not with {clash[0]}")
         sys.exit(check(broker, "primary" if is_primary else expect, timeout, user, password, tls))
     console = Console(width=None if sys.stdout.isatty() else 160)
-    asked = _addresses(broker)
+    asked = split_list(broker)
     if not asked and not zk_hosts:
         raise click.UsageError("--broker needs host:port")
     known: list[str] = []  # the brokers URL of the last answer: where to turn when the asked broker goes away
@@ -327,7 +324,7 @@ def cli(broker: str, all_members: bool, fmt: str, watch: float | None, expect: s
             if watch is None:
                 sys.exit(1)
         else:
-            known = _addresses(view.get("brokers_url"))
+            known = split_list(view.get("brokers_url"))
             if silent:
                 view["unanswered"] = silent
             if fmt == "json":
