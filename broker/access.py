@@ -161,6 +161,11 @@ class Access:
         raise RelayDenied(description)
 
     # ----- management -----------------------------------------------------------------------------------------------
+    def reply(self, st: ConnectionState, queue: str) -> str | None:
+        """A management reply to `queue` (not a temporary one) puts a message on it: the requesting user needs
+        `publish` on it, as a sender would. None when allowed; else the reason (logged as `acl.denied`)."""
+        return self._denied(st, Action.PUBLISH, Kind.QUEUE, queue, "management-reply")
+
     def management(self, st: ConnectionState, req: Request) -> Response | None:
         """A 403 for a management write the rules do not allow (logged), else None. Reads are open."""
         if self.acl is None:

@@ -282,6 +282,11 @@ _EVENTS: tuple[Event, ...] = (
           (U("exchange"), U("queue"), U("key"), U("seq"), U("arguments"))),
     Event("management.request", _INFO, _B, "every management write (not QUERY/READ)",
           (U("operation"), U("type"), U("name"), U("status"), U("user"))),
+    Event("management.reply_refused", _WARN, _B, "a management request whose `reply-to` names no queue is "
+          "rejected `amqp:not-found` and not carried out (one naming a queue its user may not send to is rejected "
+          "`amqp:unauthorized-access`, logged as `acl.denied`); or a request was carried out but its reply could "
+          "not be put on its queue (full, or deleted by the request itself)",
+          (U("operation"), U("type"), U("name"), U("reply_to"), U("condition"), U("description"), U("user"))),
     Event("management.error", _ERR, _B, "a bug in a management operation: answered 500",
           (U("operation"), U("type"), U("name"), U("exception"))),
     Event("metrics.started", _INFO, _B, "the Prometheus endpoint (`--metrics-port`, docs/metrics.md) listens",

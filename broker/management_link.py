@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from proton import Condition, Delivery, Link, Message
 
-from broker.links import LinkHandler
+from broker.links import LinkHandler, reject
 from broker.log import get_logger
 from broker.management import Request, Response
 
@@ -46,6 +46,16 @@ class ManagementLink(LinkHandler):
         type_ = props.get("type")
         name = props.get("name")
         srv = self.server
+        reply_to = req_msg.reply_to
+        refused = srv.router.reply_refusal(reply_to, self.conn) if reply_to else None
+        if refused is not None:  # before anything is carried out: its outcome could not be told
+            condition, description = refused
+            if condition != "amqp:unauthorized-access":  # that one is logged as acl.denied
+                log.warning("management.reply_refused", operation=op, type=type_, name=name, reply_to=reply_to,
+                            condition=condition, description=description, user=self.conn.user)
+            reject(d, condition, description)
+            link.flow(1)
+            return
         if not isinstance(op, str) or not isinstance(type_, str):
             resp = Response(400, "request needs application properties 'operation' and 'type' (strings)")
         elif name is not None and not isinstance(name, str):
@@ -57,15 +67,21 @@ class ManagementLink(LinkHandler):
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
         link.flow(1)
-        if not req_msg.reply_to:
+        if not reply_to:
             return
         try:
-            srv.deliver_reply(req_msg.reply_to, _reply(resp, correlation, req_msg.reply_to), self.conn)
+            delivered = srv.deliver_reply(reply_to, _reply(resp, correlation, reply_to))
         except Exception as e:  # a reply proton cannot encode (a bug: the arguments are checked to fit)
             log.error("management.error", operation=op, type=type_, name=name, exc_info=True)
             done = Response(500, f"{op} {type_} was carried out ({resp.status} {resp.description}), but its reply "
                             f"cannot be encoded: {type(e).__name__}: {e}")
-            srv.deliver_reply(req_msg.reply_to, _reply(done, correlation, req_msg.reply_to), self.conn)
+            delivered = srv.deliver_reply(reply_to, _reply(done, correlation, reply_to))
+        if not delivered:  # the reply queue went (a DELETE of itself) or is full: the request was carried out
+            log.warning("management.reply_refused", operation=op, type=type_, name=name, reply_to=reply_to,
+                        condition="amqp:resource-limit-exceeded" if reply_to in srv.wiring.queues
+                        else "amqp:not-found",
+                        description=f"{op} {type_} was carried out ({resp.status}), but its reply could not be put "
+                                    f"on {reply_to!r}", user=self.conn.user)
 
 
 def _reply(resp: Response, correlation: Any, reply_to: str) -> Message:

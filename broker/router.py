@@ -261,8 +261,23 @@ class Router:
         for c in consumers:
             c.drain_if_asked()
 
-    def deliver_reply(self, reply_to: str, msg: Message, conn: ConnectionState | None = None) -> bool:
-        """Put a reply on the queue named `reply_to` (dynamic reply queues are ordinary temporary queues)."""
+    def reply_refusal(self, reply_to: str, st: ConnectionState) -> tuple[str, str] | None:
+        """Why a management reply could not go to `reply_to`, asked before the request is carried out: no queue of
+        that name, or one the requesting user may not send to (a temporary reply queue is anyone's: its name is
+        not guessable). None: it can."""
+        q = self.wiring.queues.get(reply_to)
+        if q is None:
+            return "amqp:not-found", f"reply-to {reply_to!r}: no such queue; the request was not carried out"
+        access = self.server.access
+        if not q.temporary and access.acl is not None:
+            description = access.reply(st, reply_to)
+            if description is not None:
+                return "amqp:unauthorized-access", f"reply-to: {description}; the request was not carried out"
+        return None
+
+    def deliver_reply(self, reply_to: str, msg: Message) -> bool:
+        """Put a reply on the queue named `reply_to` (dynamic reply queues are ordinary temporary queues); False if
+        there is no such queue (any longer) or it is full."""
         q = self.wiring.queues.get(reply_to)
         if q is None:
             return False

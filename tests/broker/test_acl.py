@@ -365,3 +365,24 @@ def test_an_ha_cluster_with_rules_needs_a_replication_user(tmp_path: Path) -> No
     r = subprocess.run([str(BIN / "ha-broker"), "--acl-file", str(acl), "--ha-cluster", "--ha-brokers-url",
                         "127.0.0.1:1,127.0.0.1:2", "--validate-config"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--ha-cluster with --acl-file needs --ha-username" in r.stderr, r.stderr
+
+
+def test_a_management_reply_needs_publish_on_the_queue_it_names(guarded: BrokerProcess) -> None:
+    """Management reads are open to every user, but a reply puts a message on its `reply-to` queue: naming a queue
+    the user may not send to would be a way round the rules. Refused before the request is carried out."""
+    with mgmt(guarded.url, "alice") as m:
+        before = m.call("READ", "queue", "keep.1").body["depth"]
+    c = login(guarded.url, "bob")
+    try:
+        msg = Message(properties={"operation": "READ", "type": "queue", "name": "orders"}, reply_to="keep.1", id=1)
+        d = send_raw(c, "$management", bytes(msg.encode()))
+    finally:
+        c.close()
+    assert outcome(d) == (Delivery.REJECTED, DENIED)
+    assert "user 'bob' may not publish queue 'keep.1'" in d.remote.condition.description
+    line = denials(guarded, user="bob", permission="publish", name="keep.1")[-1]
+    assert line["via"] == "management-reply"
+    with mgmt(guarded.url, "alice") as m:
+        assert m.call("READ", "queue", "keep.1").body["depth"] == before
+    with mgmt(guarded.url, "bob") as m:  # its own temporary reply queue: anyone's
+        assert m.request("READ", "queue", "orders").status == 200

@@ -9,6 +9,7 @@ from proton import Delivery, Message
 from proton.utils import BlockingConnection, BlockingReceiver, SendException
 
 from broker.client import ManagementClient
+from tests.broker.helpers import outcome, send_raw
 from tests.support.amqp import connect, drain, mgmt, send
 from tests.support.procs import BrokerProcess
 
@@ -208,3 +209,45 @@ def test_a_long_running_caller_does_not_grow_with_each_management_client(shared_
         one()
     grown = _rss_kib() - before
     assert grown < 20 * 1024, f"RSS grew by {grown} KiB over 60 management clients"
+
+
+def _request(url: str, reply_to: str, operation: str, type_: str, name: str | None = None) -> Delivery:
+    """A management request sent by hand with its own `reply-to`; the delivery once the broker settled it."""
+    props = {"operation": operation, "type": type_, **({"name": name} if name is not None else {})}
+    c = connect(url)
+    try:
+        return send_raw(c, "$management", bytes(Message(properties=props, reply_to=reply_to, id=1).encode()))
+    finally:
+        c.close()
+
+
+def test_a_request_whose_reply_to_names_no_queue_is_rejected_and_not_carried_out(
+        shared_broker: BrokerProcess, qname: str) -> None:
+    """Its outcome could never be told: a CREATE that went ahead would leave its caller guessing (and waiting)."""
+    url = shared_broker.url
+    d = _request(url, qname + "-nowhere", "CREATE", "queue", qname)
+    assert outcome(d) == (Delivery.REJECTED, "amqp:not-found")
+    assert f"reply-to '{qname}-nowhere': no such queue; the request was not carried out" in d.remote.condition.description
+    with mgmt(url) as m:
+        assert m.request("READ", "queue", qname).status == 404
+    line = [e for e in shared_broker.events() if e["event"] == "management.reply_refused"
+            and e["reply_to"] == qname + "-nowhere"]
+    assert [(e["operation"], e["name"], e["condition"]) for e in line] == [("CREATE", qname, "amqp:not-found")]
+
+
+def test_a_reply_goes_to_the_queue_named_and_one_that_finds_it_full_is_logged(
+        shared_broker: BrokerProcess, qname: str) -> None:
+    url = shared_broker.url
+    with mgmt(url) as m:
+        m.call("CREATE", "queue", qname, {"arguments": {"max-count": 1, "limit-policy": "reject"}})
+    d = _request(url, qname, "READ", "queue", qname)  # room for one: the reply lands there, as AMQP management says
+    assert outcome(d) == (Delivery.ACCEPTED, None)
+    (reply,) = drain(url, qname, browse=True)
+    assert reply["name"] == qname
+    d = _request(url, qname, "READ", "queue", qname)  # full now: the request is done, its reply cannot be put
+    assert outcome(d) == (Delivery.ACCEPTED, None)
+    with mgmt(url) as m:
+        assert m.call("READ", "queue", qname).body["depth"] == 1
+    line = [e for e in shared_broker.events() if e["event"] == "management.reply_refused" and e["reply_to"] == qname]
+    assert [(e["operation"], e["condition"]) for e in line] == [("READ", "amqp:resource-limit-exceeded")]
+    assert "READ queue was carried out (200), but its reply could not be put on" in line[0]["description"]
