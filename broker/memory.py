@@ -16,6 +16,8 @@ positions). The process needs its own baseline besides: see docs/durability.md.
 - What cannot be paged (non-durable messages, non-durable queues, priority, last-value and limited queues, or any
   queue without a journal) is refused while memory stays over the bound after paging:
   `amqp:resource-limit-exceeded` to the publisher (`Router`), logged once per episode as `memory.over`.
+- Messages sent under a transaction are held in memory until its commit (broker.transactions): they count, and
+  while memory is over the bound a transactional transfer is refused the same way, durable or not.
 
 The check runs at the end of a pass, at most every `CHECK_INTERVAL` seconds (a pass is microseconds; the sum over
 queues is not free), so the bound can be overshot by what arrives in that time.
@@ -85,7 +87,7 @@ class MemoryBound(Extension):
         if now < self._next:
             return did
         self._next = now + CHECK_INTERVAL
-        used = queued_memory(self.server.wiring.queues.values(), store is not None)
+        used = queued_memory(self.server.wiring.queues.values(), store is not None) + self.server.transactions.held
         if store is not None:
             pageable = pageable_memory(store.queues)
             if used > self.limit or pageable > self.share:

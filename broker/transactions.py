@@ -40,7 +40,7 @@ from proton import Delivery, Described, Message, ulong
 
 from broker.delivery_limit import dead_letter_if_over
 from broker.engine import raw
-from broker.errors import MessageRefused, NoRoute, QueueFull
+from broker.errors import MemoryRefusal, MessageRefused, NoRoute, QueueFull
 from broker.links import Completion, ConsumerLink, PublisherLink
 from broker.log import get_logger
 from broker.message import current_key, current_subject, current_to, decode
@@ -58,6 +58,7 @@ DISCHARGE = 0x32
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
 ACCEPTED = 0x24
+HELD_COST = 120  # bytes of memory a held message takes besides its encoding (its bytes object, tuple, list slot)
 REJECTED = 0x25
 RELEASED = 0x26
 MODIFIED = 0x27
@@ -102,6 +103,7 @@ class Transaction:
     coordinator: CoordinatorLink
     messages: list[tuple[str, bytes]] = field(default_factory=list)  # (address, encoded message), in send order
     taken: list[Taken] = field(default_factory=list)
+    held: int = 0  # memory its held messages take (`HELD_COST` each besides the message), counted by --max-memory
 
     @property
     def conn(self) -> ConnectionState:
@@ -114,6 +116,7 @@ class Transactions:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.open: dict[bytes, Transaction] = {}
+        self.held = 0  # bytes the held messages of every open transaction take (broker.memory counts them)
         self.committed = 0
         self.rolled_back = 0
 
@@ -129,7 +132,8 @@ class Transactions:
         return txn if txn is not None and txn.conn is conn else None
 
     def _end(self, txn: Transaction) -> None:
-        self.open.pop(txn.id, None)
+        if self.open.pop(txn.id, None) is not None:
+            self.held -= txn.held
         txn.coordinator.txns.pop(txn.id, None)
 
     # ----- under a transaction -------------------------------------------------------------------------------------
@@ -150,11 +154,19 @@ class Transactions:
             if pub.address is None and self.server.access.acl is not None:
                 self.server.access.relay(pub, address)  # as a plain relay transfer (broker.router)
             self._targets(address)
+            memory = self.server.memory
+            if memory is not None and memory.over:  # held in memory until the commit, durable or not
+                memory.refused += 1
+                raise MemoryRefusal(f"not taken: memory is over --max-memory ({memory.limit} bytes), and a "
+                                    f"transaction holds its messages in memory until its commit")
         except MessageRefused as e:
             pub.unsettled += 1
             pub.refuse(d, e.condition, e.description)
             return
         txn.messages.append((address, data))
+        size = len(data) + HELD_COST
+        txn.held += size
+        self.held += size
         if not delivery.settled:
             delivery.local.data = [txn.id, Described(ulong(ACCEPTED), [])]
             delivery.update(TRANSACTIONAL_STATE)

@@ -159,3 +159,39 @@ def test_purge_and_move_take_paged_messages_too(brokers: BrokerFactory) -> None:
     b.start()
     assert queue_attrs(b, "src")["depth"] == 0 and queue_attrs(b, "dst")["depth"] == 0
     assert broker_attrs(b)["journal"]["paged"] == 0
+
+
+def test_messages_held_by_an_open_transaction_count_and_are_refused_over_the_bound(brokers: BrokerFactory) -> None:
+    """A transaction holds what it was sent in memory until its commit: without counting it one client could grow
+    the broker past any bound by never committing."""
+    from tests.support.txn import Txn
+
+    b = brokers("--max-memory", "2M")
+    create(b, "held")  # durable: a plain durable message to it would be taken (paged) while over the bound
+    c = connect(b.url)
+    try:
+        s = c.create_sender("held")
+        txn = Txn(c)
+        sent, refused = 0, None
+        for i in range(1, 2000):
+            d = txn.send(s, Message(body=f"{i}:".ljust(10_000, "x"), durable=True))
+            if d.remote_state == Delivery.REJECTED:
+                refused = d
+                break
+            sent = i
+        assert refused is not None, "20 MB held by one transaction under a 2 MiB bound"
+        assert refused.remote.condition.name == "amqp:resource-limit-exceeded"
+        assert "a transaction holds its messages in memory" in refused.remote.condition.description
+        assert 100 <= sent < 400, sent  # about 2 MiB of 10 KB messages, give or take a check interval
+        memory = broker_attrs(b)["memory"]
+        assert memory["over"] is True and memory["used"] >= sent * 10_000, memory
+        assert txn.abort() == "aborted"  # the roll back frees it
+        wait_for(lambda: not broker_attrs(b)["memory"]["over"], 5, what="memory under the bound again")
+        txn = Txn(c)  # the transaction of a client that commits in time is taken whole
+        for i in range(1, 51):
+            assert txn.send(s, Message(body=f"{i}:".ljust(10_000, "x"), durable=True)).remote_state != \
+                Delivery.REJECTED
+        assert txn.commit() == "committed"
+    finally:
+        c.close()
+    assert numbers(take(b.url, "held", 50)) == list(range(1, 51))
