@@ -53,7 +53,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from broker.errors import BrokerError
 
@@ -255,15 +255,29 @@ def header_unwritten(data: bytes | memoryview) -> str:
     return ""
 
 
-def scan(data: bytes | memoryview, start: int = 0, fmt: int = FORMAT) -> tuple[list[Record], ScanEnd]:
-    """The records in `data` from `start`, and how the scan ended (`fmt`: the segment's format)."""
+class Replay(Protocol):
+    """What `scan` hands each record to, in order, as it reads them (recovery: broker.store.store.Image)."""
+
+    def enqueue(self, view: memoryview, at: int, end: int, offset: int) -> None:
+        """An ENQUEUE record whose payload is `view[at:end]`, its frame at `offset` (no Record made: one per
+        message)."""
+
+    def record(self, rec: Record) -> None:
+        """Any other record."""
+
+
+def scan(data: bytes | memoryview, start: int = 0, fmt: int = FORMAT,
+         into: Replay | None = None) -> tuple[list[Record], ScanEnd]:
+    """The records in `data` from `start`, and how the scan ended (`fmt`: the segment's format). With `into`, each
+    record is handed to it as it is read instead (none is returned): those before a bad one are handed over."""
     view = memoryview(data)
     n = len(view)
     off = start
     out: list[Record] = []
     fsize = FRAME.size
     # The loop runs once per record of every segment at recovery: local names, no method lookups.
-    unpack, crc32, kinds, append, new = FRAME.unpack_from, _crc, KINDS, out.append, tuple.__new__
+    unpack, crc32, kinds, new = FRAME.unpack_from, _crc, KINDS, tuple.__new__
+    enqueue, add = (into.enqueue, into.record) if into is not None else (None, out.append)
     while off < n:
         if off + fsize > n:
             return out, _bad(view, off, n, f"{n - off} bytes of an incomplete record header", fmt)
@@ -279,6 +293,10 @@ def scan(data: bytes | memoryview, start: int = 0, fmt: int = FORMAT) -> tuple[l
         if crc32(body) != crc:
             return out, _bad(view, off, end, f"record at byte {off} fails its CRC", fmt)
         kind = body[0]
+        if kind == ENQUEUE and enqueue is not None:
+            enqueue(view, body_at + 1, end, off)
+            off = end
+            continue
         if kind not in kinds:
             return out, _bad(view, off, end, f"record at byte {off} has an unknown kind {kind}", fmt)
         if kind == UNIT:  # rare (a pass with a commit): check the whole unit before keeping any of it
@@ -286,7 +304,7 @@ def scan(data: bytes | memoryview, start: int = 0, fmt: int = FORMAT) -> tuple[l
             problem = _unit_problem(view, end, unit_end)
             if problem:
                 return out, _bad(view, off, unit_end, f"transaction unit at byte {off}: {problem}", fmt)
-        append(new(Record, (kind, view[body_at + 1:end], off)))
+        add(new(Record, (kind, view[body_at + 1:end], off)))
         off = end
     return out, ScanEnd(off, False, False)
 
