@@ -882,8 +882,20 @@ class Store(Extension):
             live = self.live(oldest)
             size = (self.directory / segment_name(oldest)).stat().st_size
             paged = any(st.paged.get(oldest) for st in self.queues.values())
-            if live and not paged and live * 200 < size * COMPACT_LIVE_FRACTION:  # ~200 bytes a record: few live
+            if live and not paged and self._live_bytes(oldest) < size * COMPACT_LIVE_FRACTION:
                 self._compact(oldest)
+
+    def _live_bytes(self, segment: int) -> int:
+        """About the bytes of `segment` its live messages take: each queue's live count there times the mean size
+        of its messages (a queue's messages are mostly alike). A fixed guess per record compacted segments of big
+        messages that were all live, and the copy, as big, filled the next segment at once: a compaction every
+        pass, forever."""
+        total = 0
+        for q, st in self.queues.items():
+            n = st.live.get(segment)
+            if n:
+                total += n * ((q.bytes // len(q.entries) if q.entries else 0) + R.ENQUEUE_OVERHEAD)
+        return total
 
     def _compact(self, segment: int) -> None:
         """Write the live messages of `segment` again at the end; the segment is then dead (dropped at the next

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -333,6 +334,23 @@ def test_old_segments_are_dropped_or_compacted_and_recovery_is_exact(brokers: Br
     restart_after_kill(b)
     assert drain(b.url, "long") == ["stays"]
     assert drain(b.url, "busy") == []
+
+
+def test_segments_whose_big_messages_are_all_live_are_not_compacted(brokers: BrokerFactory) -> None:
+    """A backlog of 4 KB messages nobody consumes fills segment after segment, every message live: copying a
+    segment forward frees nothing. (A fixed guess of 200 bytes a record took such segments for nearly empty and
+    compacted one at every roll-over; the copy filled the next segment, so it went on every pass, forever.)"""
+    b = brokers("--journal-segment-bytes", str(64 * 1024))
+    durable_queue(b, "backlog")
+    bodies = [f"{i}-{'z' * 4000}" for i in range(300)]  # ~1.2 MB: about 20 segments
+    for i in range(0, 300, 50):
+        send(b.url, "backlog", bodies[i:i + 50], durable=True)
+    assert len(segments(b)) >= 10
+    time.sleep(1.0)  # passes go on: a storm would show here
+    events = b.events()
+    assert not [e for e in events if e["event"] == "journal.segment.compacted"]
+    restart_after_kill(b)
+    assert drain(b.url, "backlog") == bodies
 
 
 def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
