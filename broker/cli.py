@@ -7,9 +7,11 @@ the HA layer attaches itself without broker/ knowing about it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import os
+import resource
 import signal
 import sys
 import tempfile
@@ -178,6 +180,7 @@ def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:
             return 2
     signal.signal(signal.SIGTERM, lambda *_: server.shutdown("sigterm"))
     signal.signal(signal.SIGINT, lambda *_: server.shutdown("sigint"))
+    raise_open_files()
     # Queues keep many long-lived objects: collect the young generation less often and keep start-up objects out
     # of every collection (the recipes measured GC as a large share of CPU with deep queues).
     gc.freeze()
@@ -235,6 +238,17 @@ def users_problems(cfg: BrokerConfig, users: dict[str, User]) -> list[str]:
 
 
 Validator = Callable[[BrokerConfig], list[str]]
+
+
+def raise_open_files() -> None:
+    """A broker holds a descriptor per connection: the soft limit of open files goes up to the hard one (systemd
+    and login shells give 1024 soft against 524288 hard), as servers that hold many sockets do. The limit in force
+    is in `broker.started`; out of descriptors, the listener rests (`connection.accept_failed`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):  # kept as it is: `broker.started` says which
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def make_command(plugins: list[Plugin], validators: list[Validator] | None = None) -> click.Command:

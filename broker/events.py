@@ -214,7 +214,9 @@ def _o(name: str, note: str = "") -> Use:
 _EVENTS: tuple[Event, ...] = (
     # ----- broker ---------------------------------------------------------------------------------------------
     Event("broker.started", _INFO, _B, "listener is open",
-          (U("address", "host:port listened on"), U("version"), U("ha_cluster"), U("data_dir"))),
+          (U("address", "host:port listened on"), U("version"), U("ha_cluster"), U("data_dir"),
+           U("max_open_files", "the soft limit of open files in force: the start raises it to the hard limit; a "
+                               "connection takes one"))),
     Event("broker.stopping", _INFO, _B, "shutdown begins", (U("reason", "`sigterm`, `sigint`"),)),
     Event("broker.stopped", _INFO, _B, "shutdown complete"),
     Event("broker.log.reopened", _INFO, _B, "the log file was reopened after SIGHUP (logrotate); first line of the "
@@ -250,8 +252,12 @@ _EVENTS: tuple[Event, ...] = (
           "(docs/tls.md lists the reasons); nothing was exchanged on it",
           (U("remote", "host:port"), U("reason", "what went wrong, in the words of docs/tls.md"),
            U("description", "OpenSSL's own text"))),
-    Event("connection.accept_failed", _ERR, _B, "the listening socket could not accept (e.g. out of file "
-          "descriptors); tried again on the next readiness", (U("description"),)),
+    Event("connection.accept_failed", _ERR, _B, "the listening socket could not accept a new connection (out of "
+          "file descriptors: EMFILE, ENFILE): it rests 0.1 s, then twice as long after each failure up to 2 s, "
+          "while new peers wait in the listen backlog; once per episode",
+          (U("description", "the system's reason, the connections open and the limit of open files"),)),
+    Event("connection.accept_resumed", _INFO, _B, "the listening socket accepts again after `connection."
+          "accept_failed`", (U("failures", "tries that failed"), U("seconds", "since the first"))),
     Event("acl.loaded", _INFO, _B, "the `--acl-file` rules are in force (docs/access-control.md): at start-up, "
           "and after each SIGHUP that read a valid file",
           (U("path", "`--acl-file`"), U("count", "rules"), U("reason", "`start` or `sighup`"))),

@@ -12,6 +12,7 @@ messages go), broker.links (the hot path of each link), broker.extension (what t
 from __future__ import annotations
 
 import itertools
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +143,7 @@ class Server:
             version=__version__,
             ha_cluster=self.config.ha_cluster,
             data_dir=str(self.config.data_dir) if self.config.data_dir else None,
+            max_open_files=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         )
         if self.tls is not None:
             log.info("tls.enabled", address=f"{self.config.host}:{self.port}", tls=self.tls.mode,

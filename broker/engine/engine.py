@@ -24,10 +24,12 @@ import errno
 import heapq
 import itertools
 import os
+import resource
 import select
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cproton_ffi import ffi, lib
@@ -51,9 +53,19 @@ TLS_RECORD_HANDSHAKE = b"\x16"  # the first byte of a TLS ClientHello record
 AMQP_TLS_HEADER = b"AMQP\x02\x01\x00\x00"  # AMQP's own "TLS follows" header (proton accepts it too)
 CLOSE_GRACE = 2.0  # seconds a locally closed connection may wait for its peer before the socket is dropped
 MAX_PASS_ROUNDS = 100  # event/end-of-pass rounds per pass (each round is cheap; this only bounds a bug)
+ACCEPT_PAUSE = 0.1  # seconds a listener rests after the system refused a new socket; doubled up to the next
+ACCEPT_PAUSE_MAX = 2.0
 AFTER_FLUSH_ROUNDS = 8  # after-flush rounds per pass (a sync releases work, whose pass may journal and sync again)
 
 _pn = lib
+@dataclass
+class Resting:
+    """A listener that cannot accept (out of descriptors): since when, how many tries failed."""
+
+    since: float
+    failures: int = 0
+
+
 _PN_DELIVERY = lib.PN_DELIVERY
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_TRANSPORT = lib.PN_TRANSPORT
@@ -306,6 +318,7 @@ class Engine:
         self.epoll.register(self._wake_fd, EPOLLIN)
         self.listeners: list[socket.socket] = []
         self.listener_ssl: dict[int, SSLDomain | None] = {}  # listening fd -> the TLS settings for what it accepts
+        self.resting: dict[int, Resting] = {}  # listening fd -> since when it cannot accept (`_rest`)
         self.refusals: set[PlainRefusal] = set()  # plain clients of a TLS-only port being told why (refusal.py)
         self.on_pass: Callable[[], None] = lambda: None
         self.after_flush: Callable[[], bool] | None = None
@@ -356,6 +369,7 @@ class Engine:
                 self.epoll.unregister(sock.fileno())
             sock.close()
         self.listeners.clear()
+        self.resting.clear()
 
     def _accept(self, lsock: socket.socket, on_accept: Callable[[Conn], Any], ssl_domain: SSLDomain | None,
                 tls_only: bool) -> None:
@@ -364,9 +378,15 @@ class Engine:
                 sock, addr = lsock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # e.g. EMFILE: log, and try again on the next readiness
-                log.error("connection.accept_failed", description=str(e))
+            except ConnectionAbortedError:  # the peer gave up before we took it: nothing to take
+                continue
+            except OSError as e:  # out of file descriptors (EMFILE, ENFILE) or of kernel memory
+                self._rest(lsock, e)
                 return
+            resting = self.resting.pop(lsock.fileno(), None)
+            if resting is not None:
+                log.info("connection.accept_resumed", failures=resting.failures,
+                         seconds=round(time.monotonic() - resting.since, 3))
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             transport = Transport(Transport.SERVER)
@@ -384,6 +404,29 @@ class Engine:
                 continue
             conn.mask = EPOLLIN
             self.epoll.register(conn.fd, EPOLLIN)
+
+    def _rest(self, lsock: socket.socket, e: OSError) -> None:
+        """The system would not give a new connection a socket (out of descriptors): the listener stays readable,
+        so it would be tried again at every pass, a busy loop logging as fast as it can. It rests instead (not
+        watched for a while, twice as long after each failure up to ACCEPT_PAUSE_MAX; logged once per episode) and
+        the peers wait in the listen backlog until descriptors are free."""
+        fd = lsock.fileno()
+        resting = self.resting.get(fd)
+        if resting is None:
+            resting = self.resting[fd] = Resting(time.monotonic())
+            log.error("connection.accept_failed", description=f"{e.strerror or e}: not accepting for "
+                      f"{ACCEPT_PAUSE:g}-{ACCEPT_PAUSE_MAX:g} s at a time until it works again; {len(self.conns)} "
+                      f"connections open, limit of open files {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}")
+        resting.failures += 1
+        pause = min(ACCEPT_PAUSE * 2 ** (resting.failures - 1), ACCEPT_PAUSE_MAX)
+        with contextlib.suppress(OSError, ValueError):
+            self.epoll.modify(fd, 0)
+        self.schedule(pause, lambda: self._watch_listener(fd))
+
+    def _watch_listener(self, fd: int) -> None:
+        if fd in self.fds and fd in self.resting:  # still listening (close_listeners forgets it)
+            with contextlib.suppress(OSError, ValueError):
+                self.epoll.modify(fd, EPOLLIN)
 
     def connect(self, host: str, port: int, handler: Any, *, properties: dict[Any, Any] | None = None,
                 user: str | None = None, password: str | None = None, mechanisms: str | None = None,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from proton import Message
@@ -81,3 +85,59 @@ def test_a_thousand_links_on_a_hundred_connections_all_flow(brokers: Any) -> Non
     assert b.alive
     opened = [e for e in b.events() if e["event"] == "connection.opened"]
     assert len(opened) == 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_start_takes_the_hard_limit_of_open_files(brokers: Any) -> None:
+    """A login shell or systemd gives 1024 open files (soft): a broker would refuse its 1000th client."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the broker inherits it
+    try:
+        b = brokers()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    started = next(e for e in b.events() if e["event"] == "broker.started")
+    assert started["max_open_files"] == (hard if hard != resource.RLIM_INFINITY else 1 << 20)
+
+
+def test_out_of_file_descriptors_the_listener_rests_and_accepts_again(brokers: Any) -> None:
+    """Out of descriptors, a listening socket stays readable: accepting at every pass was a busy loop logging an
+    error each time. It rests (logged once), the broker serves its connections, and it accepts again once
+    descriptors are free."""
+    from tests.broker.helpers import Sentinel
+    from tests.support.amqp import mgmt
+
+    b = brokers()
+    assert b.proc is not None
+    pid = b.proc.pid
+    sentinel = Sentinel(b.url, "kept")
+    hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")) + 5, hard))
+    peers = []
+    try:
+        for _ in range(20):  # 5 are taken; the others wait in the listen backlog
+            s = socket.create_connection(("127.0.0.1", b.port or 0), timeout=5)
+            s.sendall(b"AMQP\x00\x01\x00\x00")
+            peers.append(s)
+        wait_for_event = time.monotonic() + 10
+        while not [e for e in b.events() if e["event"] == "connection.accept_failed"]:
+            assert time.monotonic() < wait_for_event, "no connection.accept_failed"
+            time.sleep(0.05)
+        before = _cpu_seconds(pid)
+        time.sleep(2.0)
+        assert _cpu_seconds(pid) - before < 0.5  # a busy loop takes the whole 2 s
+        failed = [e for e in b.events() if e["event"] == "connection.accept_failed"]
+        assert len(failed) == 1 and "Too many open files" in failed[0]["description"], failed
+    finally:
+        for s in peers:
+            s.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
+    with mgmt(b.url) as m:  # accepted again (within the 2 s a rest lasts at most)
+        assert m.call("READ", "queue", "kept").body["depth"] == len(sentinel.bodies)
+    sentinel.check()
+    resumed = [e for e in b.events() if e["event"] == "connection.accept_resumed"]
+    assert len(resumed) == 1 and resumed[0]["failures"] >= 1
