@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -149,7 +150,10 @@ def test_promotion_refused_in_catchup_and_allowed_with_force(cluster: Make) -> N
         assert Cluster.status(c[1])["state"] == "catchup"
         r = Cluster.admin(c[1], "promote")
         assert r.returncode == 1
-        assert "refusing to promote a backup in state catchup" in r.stderr
+        # Two heartbeats after the SIGSTOP the backup gives its primary up and is joining again: as refused (a slow
+        # machine gets there between the status and the promote).
+        assert re.search(r"refusing to promote a backup in state (catchup|joining): it may lack acknowledged "
+                         r"messages", r.stderr), r.stderr
         assert Cluster.status(c[1])["role"] == "backup"
         r = Cluster.admin(c[1], "promote", "--force")
         assert r.returncode == 0, r.stderr
