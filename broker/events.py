@@ -123,6 +123,7 @@ FIELDS: Final = _fields(
     Field("destination", S, "the queue messages were moved to"),
     Field("enqueue_ts", F, "when the primary enqueued the message (Unix seconds)"),
     Field("epoch", N, "the cluster epoch (increases with every promotion)"),
+    Field("failures", N, "tries that failed"),
     Field("error", S, "the AMQP condition the connection closed with", nullable=True),
     Field("exception", S, "the Python traceback"),
     Field("exchange", S, "an exchange name"),
@@ -141,6 +142,7 @@ FIELDS: Final = _fields(
     Field("last_ts", F, "last settlement of the window (Unix seconds)"),
     Field("leader", S, "the current leader's broker id", nullable=True),
     Field("limit", N, "`--max-memory` in bytes"),
+    Field("max_open_files", N, "the soft limit of open files (RLIMIT_NOFILE) in force"),
     Field("link", S, "a link name"),
     Field("logger", S, "the Python logger's name (`kazoo.client`, `proton`, ...)"),
     Field("members", L, "list of `{name, address, state}`"),
@@ -172,6 +174,7 @@ FIELDS: Final = _fields(
     Field("released", N, "guarded messages released"),
     Field("required", N, "backups that must be ready (`--ha-min-ready-backups`)"),
     Field("remote", S, "the peer's `host:port`"),
+    Field("reply_to", S, "a management request's `reply-to` address"),
     Field("role", S, "`primary`, `backup` or `standalone`"),
     Field("rule", N, "the number of the `--acl-file` rule that decided (1: the first `[[rule]]`); null: none "
           "matched (default deny)", nullable=True),
