@@ -327,6 +327,8 @@ class Store(Extension):
         self.dequeues: dict[int, list[int]] = {}  # qid -> positions dequeued this pass (written at its end)
         self.dequeued_top: dict[int, int] = {}  # qid -> the highest of them
         self.segments: list[int] = []  # segment numbers on disk, oldest first
+        # segment -> the live count below which compacting it is worth a look again (its live bytes were too many)
+        self.declined: dict[int, int] = {}
         self.failed: str | None = None  # why durable work is refused (disk full, I/O error)
         self.stall_reported = False  # journal.sync.stalled was logged and the stall goes on
         self._sync_watch: Any = None  # the timer of the next `_watch_sync`
@@ -870,6 +872,7 @@ class Store(Extension):
         current = self.journal.segment
         while len(self.segments) > 1 and self.segments[0] != current and self.live(self.segments[0]) == 0:
             dead = self.segments.pop(0)
+            self.declined.pop(dead, None)
             for st in self.queues.values():
                 st.live.pop(dead, None)
             fd = self.readers.pop(dead, None)
@@ -882,8 +885,10 @@ class Store(Extension):
             live = self.live(oldest)
             size = (self.directory / segment_name(oldest)).stat().st_size
             paged = any(st.paged.get(oldest) for st in self.queues.values())
-            if live and not paged and self._live_bytes(oldest) < size * COMPACT_LIVE_FRACTION:
-                self._compact(oldest)
+            limit = size * COMPACT_LIVE_FRACTION
+            if live and not paged and live < self.declined.get(oldest, live + 1) and \
+                    self._live_bytes(oldest) < limit:
+                self._compact(oldest, limit)
 
     def _live_bytes(self, segment: int) -> int:
         """About the bytes of `segment` its live messages take: each queue's live count there times the mean size
@@ -897,19 +902,22 @@ class Store(Extension):
                 total += n * ((q.bytes // len(q.entries) if q.entries else 0) + R.ENQUEUE_OVERHEAD)
         return total
 
-    def _compact(self, segment: int) -> None:
-        """Write the live messages of `segment` again at the end; the segment is then dead (dropped at the next
-        roll)."""
+    def _compact(self, segment: int, limit: float) -> None:
+        """Write the live messages of `segment` again at the end, unless they take `limit` bytes or more (the
+        estimate was wrong: a queue's messages of unlike sizes; looked at again once half of them are gone); the
+        segment is then dead (dropped at the next roll)."""
         current = self.journal.segment
+        found = [(st, [e for e in q.entries.values() if e.seg >> 32 == segment])
+                 for q, st in self.queues.items() if st.live.get(segment)]
+        if sum(len(e.data) + R.ENQUEUE_OVERHEAD for _, es in found for e in es) >= limit:
+            self.declined[segment] = self.live(segment) // 2
+            return
         moved: list[tuple[Entry, int]] = []
         counts: list[tuple[_Q, int]] = []
-        for q, st in self.queues.items():
-            if not st.live.get(segment):
-                continue
-            for e in q.entries.values():
-                if e.seg >> 32 == segment:
-                    moved.append((e, e.seg))
-                    self._write_again(st.qid, e)
+        for st, es in found:
+            for e in es:
+                moved.append((e, e.seg))
+                self._write_again(st.qid, e)
             n = st.live.pop(segment)
             counts.append((st, n))
             st.live[current] = st.live.get(current, 0) + n

@@ -353,6 +353,28 @@ def test_segments_whose_big_messages_are_all_live_are_not_compacted(brokers: Bro
     assert drain(b.url, "backlog") == bodies
 
 
+def test_a_segment_whose_one_live_message_is_big_is_not_compacted(brokers: BrokerFactory) -> None:
+    """The estimate of a segment's live bytes goes by its queues' mean message size; a queue of many small messages
+    and one big one makes it wrong. Compaction counts the bytes it would copy before it writes anything."""
+    b = brokers("--journal-segment-bytes", str(64 * 1024))
+    durable_queue(b, "mixed")
+    big = "big-" + "b" * 60_000
+    send(b.url, "mixed", [big], durable=True)  # nearly all of segment 1
+    small = [f"small-{i}" for i in range(3000)]  # the following segments
+    for i in range(0, 3000, 500):
+        send(b.url, "mixed", small[i:i + 500], durable=True)
+    assert len(segments(b)) >= 4
+    events = b.events()
+    assert not [e for e in events if e["event"] == "journal.segment.compacted"], "60 KB copied to free 64 KiB"
+    restart_after_kill(b)
+    assert receive(b.url, "mixed", 3001) == [big, *small]
+    after = [f"after-{i}-{'a' * 1000}" for i in range(100)]
+    send(b.url, "mixed", after, durable=True)  # roll-overs: segment 1 is dead now, and dropped
+    wait_for(lambda: any(e["event"] == "journal.segment.dropped" and e["segment"] == 1 for e in b.events()), 10,
+             what="segment 1 dropped")
+    assert drain(b.url, "mixed") == after
+
+
 def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
     brokers: BrokerFactory, small_disk: Path
 ) -> None:
