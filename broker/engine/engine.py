@@ -58,14 +58,6 @@ ACCEPT_PAUSE_MAX = 2.0
 AFTER_FLUSH_ROUNDS = 8  # after-flush rounds per pass (a sync releases work, whose pass may journal and sync again)
 
 _pn = lib
-@dataclass
-class Resting:
-    """A listener that cannot accept (out of descriptors): since when, how many tries failed."""
-
-    since: float
-    failures: int = 0
-
-
 _PN_DELIVERY = lib.PN_DELIVERY
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_TRANSPORT = lib.PN_TRANSPORT
@@ -91,6 +83,14 @@ class FastLink(Protocol):
 
     def on_delivery(self, delivery: Any) -> None: ...
     def on_flow(self) -> None: ...
+
+
+@dataclass
+class Resting:
+    """A listener that cannot accept (out of descriptors): since when, how many tries failed."""
+
+    since: float
+    failures: int = 0
 
 
 class HandlerFailed(Protocol):
