@@ -887,8 +887,8 @@ class Store(Extension):
             paged = any(st.paged.get(oldest) for st in self.queues.values())
             limit = size * COMPACT_LIVE_FRACTION
             if live and not paged and live < self.declined.get(oldest, live + 1) and \
-                    self._live_bytes(oldest) < limit:
-                self._compact(oldest, limit)
+                    self._live_bytes(oldest) < limit and not self._compact(oldest, limit):
+                self.declined[oldest] = live // 2  # looked at again once half of them are gone
 
     def _live_bytes(self, segment: int) -> int:
         """About the bytes of `segment` its live messages take: each queue's live count there times the mean size
@@ -902,16 +902,15 @@ class Store(Extension):
                 total += n * ((q.bytes // len(q.entries) if q.entries else 0) + R.ENQUEUE_OVERHEAD)
         return total
 
-    def _compact(self, segment: int, limit: float) -> None:
-        """Write the live messages of `segment` again at the end, unless they take `limit` bytes or more (the
-        estimate was wrong: a queue's messages of unlike sizes; looked at again once half of them are gone); the
-        segment is then dead (dropped at the next roll)."""
+    def _compact(self, segment: int, limit: float) -> bool:
+        """Write the live messages of `segment` again at the end, unless they take `limit` bytes or more (False:
+        the estimate was wrong, a queue's messages of unlike sizes); the segment is then dead (dropped at the next
+        roll)."""
         current = self.journal.segment
         found = [(st, [e for e in q.entries.values() if e.seg >> 32 == segment])
                  for q, st in self.queues.items() if st.live.get(segment)]
         if sum(len(e.data) + R.ENQUEUE_OVERHEAD for _, es in found for e in es) >= limit:
-            self.declined[segment] = self.live(segment) // 2
-            return
+            return False
         moved: list[tuple[Entry, int]] = []
         counts: list[tuple[_Q, int]] = []
         for st, es in found:
@@ -931,6 +930,7 @@ class Store(Extension):
                 st.live[segment] = n
             raise
         log.info("journal.segment.compacted", segment=segment, moved=len(moved))
+        return True
 
     # ----- flow to disk --------------------------------------------------------------------------------------------
     def _count_paged(self, q: Queue, out: list[Entry]) -> None:
