@@ -165,6 +165,10 @@ class BrokerConfig(BaseSettings):
                             json_schema_extra={"metavar": "SIZE"})
     max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024,
                                   description="largest accepted message in bytes [10 MiB]")
+    max_connections: int = Field(0, ge=0, le=10_000_000,
+                                 description="client connections open at once; one more is refused with "
+                                             "amqp:resource-limit-exceeded (backups and operators' tools are not "
+                                             "counted) [no bound]")
     sasl_mechanisms: Annotated[tuple[str, ...], NoDecode] = Field(
         ("ANONYMOUS", "PLAIN"), description="space or comma separated: ANONYMOUS PLAIN",
         json_schema_extra={"metavar": "TEXT"})

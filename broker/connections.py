@@ -42,6 +42,7 @@ class ConnectionState:
     links: set[LinkHandler] = field(default_factory=set)
     unsettled_returned: int = 0
     refused: bool = False
+    counted: bool = False  # one of the client connections `--max-connections` bounds
 
     @property
     def connection(self) -> Any:
@@ -85,6 +86,7 @@ class Connections:
         self.server = server
         self.conns: dict[Any, ConnectionState] = {}  # pn_connection_t* -> state
         self.links: dict[Any, LinkHandler] = {}  # pn_link_t* -> handler
+        self.clients = 0  # client connections open (bounded by --max-connections)
 
     def __len__(self) -> int:
         return len(self.conns)
@@ -157,12 +159,26 @@ class Connections:
         try:
             for ext in self.server.extensions:
                 ext.admit(st)
+            if st.kind == Kind.CLIENT:
+                self._count_client(st)
         except Refusal as r:
             self._refuse_connection(c, st, r)
             log.warning("connection.refused", remote=st.remote, condition=r.condition, description=r.description)
             return
         c.open()
         log.info("connection.opened", connection=st.id, remote=st.remote, user=st.user, kind=st.kind)
+
+    def _count_client(self, st: ConnectionState) -> None:
+        """One more client connection, unless `--max-connections` of them are open (Refusal). Backups and
+        operators' tools are not counted: a client that leaks connections must not keep out replication or the
+        tools that would show it."""
+        limit = self.server.config.max_connections
+        if limit and self.clients >= limit:
+            raise Refusal("amqp:resource-limit-exceeded",
+                          f"{self.clients} client connections are open, the broker's limit (--max-connections "
+                          f"{limit}): try again later")
+        st.counted = True
+        self.clients += 1
 
     def trust(self) -> Trust:
         return Trust.of(self.server.users, self.server.config.ha_username)
@@ -224,6 +240,8 @@ class Connections:
         st = self.conns.pop(c._impl, None)
         if st is None:
             return
+        if st.counted:
+            self.clients -= 1
         for h in [h for h in self.links.values() if h.conn is st]:
             self.link_gone(h.link)
         for ext in self.server.extensions:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
@@ -141,3 +142,31 @@ def test_out_of_file_descriptors_the_listener_rests_and_accepts_again(brokers: A
     sentinel.check()
     resumed = [e for e in b.events() if e["event"] == "connection.accept_resumed"]
     assert len(resumed) == 1 and resumed[0]["failures"] >= 1
+
+
+def test_max_connections_refuses_one_client_more_but_never_a_tool_and_a_closed_one_makes_room(brokers: Any) -> None:
+    """A client that leaks connections would take descriptors until no one gets in (the listener rests). With
+    --max-connections the client one over the bound is refused at its open, the connections held keep working, an
+    operator's tool still gets in, and a client that closes makes room for the next."""
+    from proton.utils import BlockingConnection, ConnectionClosed
+
+    from tests.support.amqp import mgmt, receive, send
+
+    b = brokers("--max-connections", "3", "--auto-create-queues")
+    held = [BlockingConnection(b.url, timeout=10) for _ in range(3)]
+    try:
+        with pytest.raises(ConnectionClosed) as e:
+            BlockingConnection(b.url, timeout=10)
+        assert "amqp:resource-limit-exceeded" in str(e.value)
+        assert "3 client connections are open, the broker's limit (--max-connections 3)" in str(e.value)
+        held[0].create_sender("kept").send(Message(body="on a held connection"))
+        with mgmt(b.url) as m:  # an operator's tool is not counted
+            assert m.call("READ", "queue", "kept").body["depth"] == 1
+        held.pop().close()
+        send(b.url, "kept", ["from a new client"])  # room again (the broker saw the close before this open)
+        assert receive(b.url, "kept", 2) == ["on a held connection", "from a new client"]
+    finally:
+        for c in held:
+            c.close()
+    refused = [e for e in b.events() if e["event"] == "connection.refused"]
+    assert [e["condition"] for e in refused] == ["amqp:resource-limit-exceeded"], refused
