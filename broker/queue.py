@@ -440,33 +440,32 @@ class Queue:
         self._appended(out, nbytes, expiring)
         return records[0][0], last
 
-    def restore(self, items: list[tuple[int, tuple[int, int, int, float | None, bytes, int]]]) -> list[Entry]:
-        """Recovery: messages `(position, (level, flags, count, expires, data, journal location))` in ascending
-        position order; onto an empty queue in one go (recovering 1M is measured), else one by one."""
+    def restore(self, recovered: list[Entry]) -> list[Entry]:
+        """Recovery: entries the journal held (position, data, level, flags with no bits but REDELIVERED and
+        DURABLE, count, expiry and journal location set; available), in ascending position order. Onto an empty
+        queue they are taken as they are, in one go (recovering 1M is measured); else added one by one as a
+        backup's would be (new entries, returned)."""
         if self.entries or self.paged is not None:
             out = []
-            for pos, (level, flags, count, expires, data, loc) in items:
-                e = self.enqueue_replica(pos, data, level, flags, count, expires)
-                e.seg = loc
+            for r in recovered:
+                e = self.enqueue_replica(r.position, r.data, r.level, r.flags, r.count, r.expires)
+                e.seg = r.seg
                 out.append(e)
             return out
-        top, keep = self._levels - 1, REDELIVERED | DURABLE
-        entries, spine, avails = self.entries, self._spine, self._avail
-        out = []
+        top = self._levels - 1
+        entries, avails = self.entries, self._avail
         nbytes = expiring = 0
-        for pos, (level, flags, count, expires, data, loc) in items:
-            e = Entry(pos, data, level if level <= top else top, expires or None, flags & keep)
-            e.count = count
-            e.seg = loc
-            entries[pos] = e
-            spine.append(e)
+        for e in recovered:
+            if e.level > top:
+                e.level = top
+            entries[e.position] = e
             avails[e.level].append(e)
-            nbytes += len(data)
+            nbytes += len(e.data)
             if e.expires is not None:
                 expiring += 1
-            out.append(e)
-        self._appended(out, nbytes, expiring)
-        return out
+        self._spine.extend(recovered)
+        self._appended(recovered, nbytes, expiring)
+        return recovered
 
     def _appended(self, out: list[Entry], nbytes: int, expiring: int) -> None:
         """The counts and observers of entries `append_replicas` or `restore` put at the back in one go (`nbytes`

@@ -206,8 +206,8 @@ def summarise(image: Image) -> dict[str, Any]:
     for qid, doc in image.queues.items():
         sizes: dict[int, int] = {}  # position -> bytes of the message
         for pos, m in image.messages.get(qid, {}).items():
-            sizes[pos] = len(m[4])
-            _tally(live, m[5], len(m[4]))
+            sizes[pos] = len(m.data)
+            _tally(live, m.seg, len(m.data))
         index = image.paged.get(qid)
         for pos, loc, size in index.items() if index is not None else ():
             sizes[pos] = size

@@ -185,7 +185,7 @@ def test_a_position_dequeued_and_taken_again_in_one_pass_is_recovered_with_its_n
     settle(server)
     image, _, _, _ = read_journal(tmp_path / "journal")
     (msgs,) = image.messages.values()
-    assert {pos: m[4] for pos, m in msgs.items()} == {2: b"new"}
+    assert {pos: m.data for pos, m in msgs.items()} == {2: b"new"}
 
 
 def test_the_loop_does_not_sleep_on_after_flush_work_it_left(server: Server) -> None:
