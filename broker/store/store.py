@@ -149,8 +149,8 @@ _POSITION = attrgetter("position")
 
 
 class Image:
-    """The journal replayed: durable wiring and messages, before any of it becomes broker objects (pure). With a
-    `budget` (bytes), messages beyond it are only indexed (`paged`), not read."""
+    """The journal replayed: durable wiring, and messages as the entries their queues will hold, before any of it
+    reaches the broker (pure). With a `budget` (bytes), messages beyond it are only indexed (`paged`), not read."""
 
     def __init__(self, budget: int = 0) -> None:
         self.queues: dict[int, dict[str, Any]] = {}  # qid -> {name, uuid, arguments, next}
