@@ -19,7 +19,9 @@ commit ends with a MARK record (broker.store.records) so that recovery can tell 
 that no longer ends where its data does.
 
 A failed write (disk full, I/O error) leaves the file as it was (a partial write is cut back) and raises
-`JournalFull`/`JournalError`; the caller refuses durable work until a later write succeeds.
+`JournalFull`/`JournalError`; the caller refuses durable work until a later write succeeds. A commit that would take
+a segment past 4 GiB (message locations hold 32 bits of offset) is not written (`SegmentFull`) and the next one
+starts a new segment.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ PREPARE_PAUSE = 0.002  # seconds between chunks
 
 class JournalFull(BrokerError):
     """The disk is full (or over quota): nothing of the failed write is in the journal."""
+
+    condition = "amqp:resource-limit-exceeded"
+
+
+class SegmentFull(BrokerError):
+    """A commit would take the current segment past the offsets a message's location can hold (R.LOC_OFFSET):
+    nothing of it is written, and the next commit starts a new segment."""
 
     condition = "amqp:resource-limit-exceeded"
 
@@ -224,6 +233,7 @@ class Journal:
         self._reports: tuple[Callable[[int], None], Callable[[int, OSError], None], Loop | None] | None = None
         self.preparer: Preparer | None = None
         self.prealloc = False  # the current segment was zero-filled in advance
+        self.overflowed = False  # a commit did not fit in the current segment (SegmentFull): time for a new one
         self.prepare_at = 0  # size of the current segment at which the next one is asked for
         self.retired: list[tuple[int, int]] = []  # (fd, last ticket that may name it) of earlier segments: closed
         #                                             once that ticket is synced (the syncer may still be using them)
@@ -271,7 +281,7 @@ class Journal:
             else:
                 self.retired.append((self.fd, self.ticket))
         self.fd, self.segment, self.size = fd, number, len(head)
-        self.prealloc = prepared
+        self.prealloc, self.overflowed = prepared, False
         self.prepare_at = len(head) + (self.segment_size // 2 if prepared else
                                        min(PREPARE_AFTER, self.segment_size // 2))
         _sync_dir(self.directory)
@@ -357,7 +367,7 @@ class Journal:
 
     def commit(self) -> int | None:
         """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises
-        JournalFull or JournalError; the journal then holds nothing of this commit, and what of it must not be
+        JournalFull, SegmentFull or JournalError; the journal then holds nothing of this commit, and what of it must not be
         forgotten (consumptions, wiring: `records.carried`) stays pending for the next one, unless the commit was a
         transaction's unit, which fails whole."""
         if not self.pending:
@@ -378,6 +388,15 @@ class Journal:
             raise R.JournalError("journal: no segment open")
         seg, durable = self.durable
         data = b"".join((*records, R.mark(self.size + self.pending_bytes, durable if seg == self.segment else 0)))
+        if self.size + len(data) > R.LOC_OFFSET:
+            # Only a pass that gathers gigabytes of durable messages (segments of up to 2 GiB, messages of up to
+            # 1 GiB) gets here; written, their locations would run into the segment number's bits.
+            self._carry(records, at is not None)
+            self.overflowed = True
+            raise SegmentFull(
+                f"journal: a commit of {len(data)} bytes would take {segment_name(self.segment)} ({self.size} bytes) "
+                f"past the 4 GiB a segment may hold: its messages are refused, the next commit starts a new segment "
+                f"(lower --journal-segment-bytes or --max-message-size if it happens again)")
         self.pending = []
         self.pending_bytes = 0
         now = self.blocked_since = time.monotonic()
@@ -474,7 +493,7 @@ class Journal:
 
     def full(self) -> bool:
         """Time to roll over to a new segment: this one is full, or it grows and a prepared one is ready."""
-        return self.size >= self.segment_size or (
+        return self.size >= self.segment_size or self.overflowed or (
             not self.prealloc and self.preparer is not None and self.preparer.ready)
 
     def drop_segment(self, number: int) -> None:

@@ -79,6 +79,9 @@ _UNIT = struct.Struct(">I")
 UNIT_SIZE = FRAME.size + 1 + _UNIT.size  # bytes of a UNIT record
 MARK_MAGIC = b"\x8eUJmark\x1d"  # found by search after a bad record (a message body would also need the CRC)
 _MARK = struct.Struct(">8sQQ")
+# A message's journal location is one int, `segment << 32 | offset` (`Entry.seg`, the paged index): no segment may
+# grow past LOC_OFFSET bytes (Journal.commit refuses a commit that would take it there).
+LOC_OFFSET = (1 << 32) - 1
 MARK_SIZE = FRAME.size + 1 + _MARK.size
 _ZEROS_STEP = 1 << 16
 _crc = zlib.crc32

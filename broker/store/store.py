@@ -105,7 +105,7 @@ ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (doc
 # message that is not journaled shares the 0). Measured: 285 bytes over the body durable, 258 not, in one run.
 JOURNALED_ENTRY_COST = ENTRY_COST + 32
 READ_SPAN = 4 * 1024 * 1024  # bytes read back at once for paged messages
-LOC_OFFSET = (1 << 32) - 1  # Entry.seg = segment << 32 | offset
+LOC_OFFSET = R.LOC_OFFSET  # Entry.seg = segment << 32 | offset
 _FLAGS = REDELIVERED | DURABLE  # what a record keeps of Entry.flags
 
 
@@ -685,7 +685,7 @@ class Store(Extension):
         self.waiting, self.after = [], []
         try:
             ticket = self.journal.commit()
-        except BrokerError as e:  # JournalFull / JournalError: nothing of it is on disk
+        except BrokerError as e:  # JournalFull / SegmentFull / JournalError: nothing of it is on disk
             self._unjournal(journaled)
             self._unmove(rejournaled)
             self._fail(str(e), waiting)
@@ -761,7 +761,11 @@ class Store(Extension):
         self.server.refresh_refusing()
         self.failures += 1
         if self._probe is None:
-            self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
+            # A commit too big for its segment (SegmentFull) needs only a new segment: the probe makes it in the
+            # next turn of the loop. Not in this pass: a backup that applied the refused messages must see the
+            # failure at its end of the pass and leave, not acknowledge them.
+            delay = 0.0 if self.journal.overflowed else PROBE_INTERVAL
+            self._probe = self.server.schedule(delay, self._retry)
 
     def sync_wait(self) -> float:
         """Seconds the oldest journal write has waited for its fdatasync (0 while the journal has failed: the

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker.store import records as R
-from broker.store.journal import Journal, segment_name
+from broker.store.journal import Journal, SegmentFull, segment_name
 
 
 def msg(pos: int) -> bytes:
@@ -76,3 +76,29 @@ def test_a_failed_transaction_unit_keeps_nothing(tmp_path: Path) -> None:
     with pytest.raises(R.JournalError):
         j.commit()
     assert j.pending == [] and j.pending_bytes == 0
+
+
+def test_a_commit_that_would_take_its_segment_past_the_locations_offsets_is_not_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message's location keeps its offset in 32 bits (`segment << 32 | offset`): a commit that would take its
+    segment past that (a pass gathering gigabytes of durable messages) writes nothing, keeps what a failed commit
+    keeps, and asks for a new segment, where the next commit fits."""
+    j = Journal(tmp_path)
+    j.open_segment(1)
+    j.commit()
+    size = (tmp_path / segment_name(1)).stat().st_size
+    monkeypatch.setattr(R, "LOC_OFFSET", size + 250)  # the 4 GiB, scaled down: room for the kept records alone
+    a_pass(j)
+    assert not j.full()
+    with pytest.raises(SegmentFull, match=r"past the 4 GiB a segment may hold") as refused:
+        j.commit()
+    assert refused.value.condition == "amqp:resource-limit-exceeded"
+    assert (tmp_path / segment_name(1)).stat().st_size == size
+    assert kinds(j.pending) == ["queue", "dequeue", "bind", "state"]
+    assert j.full()
+    j.open_segment(2)
+    assert not j.full()
+    assert j.commit() is not None
+    j.close()
+    recs, _ = R.scan((tmp_path / segment_name(2)).read_bytes(), R.HEADER.size)
+    assert [R.KINDS[r.kind] for r in recs] == ["queue", "dequeue", "bind", "state", "mark"]

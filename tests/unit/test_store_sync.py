@@ -8,15 +8,17 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from broker.config import BrokerConfig
 from broker.engine.engine import AFTER_FLUSH_ROUNDS
+from broker.links import Completion
 from broker.queue import DURABLE, DequeueReason
 from broker.server import Server
 from broker.store import records as R
-from broker.store.journal import INLINE_OFF, INLINE_SYNC_BYTES, INLINE_SYNC_SLOW
+from broker.store.journal import INLINE_OFF, INLINE_SYNC_BYTES, INLINE_SYNC_SLOW, segment_name
 from broker.store.store import read_journal
 
 
@@ -221,3 +223,41 @@ def test_a_closed_store_stops_probing_a_failed_journal(server: Server, tmp_path:
         server.engine.run_once(0.05)
     assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == segments
     assert store.failed is not None  # nor was the closed journal declared writable again
+
+
+def test_a_pass_too_big_for_its_segment_is_refused_and_the_journal_goes_on_in_a_new_one(
+        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message's location keeps its segment offset in 32 bits: a pass whose commit would take the segment past
+    4 GiB (scaled down here) is not written, its publishers are refused with resource-limit-exceeded, the store
+    starts a new segment in the next turn of the loop (not after its one-second probe of a failed disk), and what
+    was acknowledged before and after is recovered."""
+    store = server.store
+    assert store is not None
+    settle(server)
+    q, _ = server.wiring.declare_queue("big", {"durable": True})
+    q.enqueue_replica(1, b"a" * 1000, 0, DURABLE, 0, None)
+    store.end_of_pass()
+    settle(server)
+    first, size = store.journal.segment, store.journal.size
+    monkeypatch.setattr(R, "LOC_OFFSET", size + 50_000)
+    publisher = SimpleNamespace(server=server)
+    refused = Completion(publisher, None)  # type: ignore[arg-type]
+    q.enqueue_replica(2, b"b" * 60_000, 0, DURABLE, 0, None)
+    assert store.hold(refused, [(q, q.entries[2])])
+    store.end_of_pass()
+    assert refused.error is not None and refused.error[0] == "amqp:resource-limit-exceeded"
+    assert "past the 4 GiB a segment may hold" in refused.error[1]
+    assert store.failed is not None  # for the rest of this pass (a backup leaves rather than acknowledge them)
+    server.engine.run_once(0)
+    assert store.failed is None and not server.refusing  # writable again in the next turn, in a new segment
+    assert store.journal.segment > first
+    assert (tmp_path / "journal" / segment_name(first)).stat().st_size == size
+    taken = Completion(publisher, None)  # type: ignore[arg-type]
+    q.enqueue_replica(3, b"c" * 1000, 0, DURABLE, 0, None)
+    assert store.hold(taken, [(q, q.entries[3])])
+    store.end_of_pass()
+    settle(server)
+    assert taken.error is None and taken.pending == 0
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (msgs,) = image.messages.values()
+    assert {pos: m.data[:1] for pos, m in msgs.items()} == {1: b"a", 3: b"c"}
