@@ -69,6 +69,18 @@ def test_zeros_after_the_last_commit_are_the_clean_end_of_a_segment(tmp_path: Pa
     assert core.read_standing(str(tmp_path), "b1").position == 7  # the agent reads zeros as the end too
 
 
+@pytest.mark.parametrize("at", [0, 1, 5_000, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 << 20])
+def test_the_end_of_the_data_is_found_wherever_the_zeros_after_it_begin(at: int) -> None:
+    """The end of a segment's data is found by comparing whole steps of it with zeros from the file's end: a byte
+    anywhere, at a step's edge or inside one, ends the data there."""
+    data = bytearray(4 << 20)
+    data[:10] = b"0123456789"
+    if at:
+        data[len(data) - at] = 7
+    assert R.nonzero_end(memoryview(bytes(data)), 10) == (len(data) - at + 1 if at else 10)
+    assert R.nonzero_end(memoryview(bytes(data)), 0) == (len(data) - at + 1 if at else 10)
+
+
 def test_a_commit_torn_with_later_pages_written_is_cut_with_everything_after_it(tmp_path: Path) -> None:
     s, ends = four_commits()
     data = bytearray(s.data) + bytes(100_000)
