@@ -163,6 +163,10 @@ class BrokerConfig(BaseSettings):
     max_memory: int = Field(0, ge=0, description="memory queued messages may take (bytes, or 512M, 2G); beyond it "
                                                  "durable queues page to disk and what cannot is refused [no bound]",
                             json_schema_extra={"metavar": "SIZE"})
+    min_disk_free: int = Field(0, ge=0, description="free space the journal's disk must keep (bytes, or 512M, 2G); "
+                               "below it durable messages are refused with amqp:resource-limit-exceeded until there "
+                               "is room again (checked every second) [0: off]",
+                               json_schema_extra={"metavar": "SIZE"})
     max_message_size: int = Field(10 * 1024 * 1024, ge=512, le=1024 * 1024 * 1024,
                                   description="largest accepted message in bytes [10 MiB]")
     max_connections: int = Field(0, ge=0, le=10_000_000,
@@ -243,7 +247,7 @@ class BrokerConfig(BaseSettings):
         is known when it is refused."""
         return (init_settings,)
 
-    @field_validator("max_memory", mode="before")
+    @field_validator("max_memory", "min_disk_free", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return parse_size(v) if isinstance(v, str) else v

@@ -128,6 +128,7 @@ FIELDS: Final = _fields(
     Field("exchange", S, "an exchange name"),
     Field("exchanges", N, "exchanges recovered"),
     Field("failures", N, "tries that failed"),
+    Field("free", N, "bytes free on the journal's file system"),
     Field("expected_backups", L, "broker ids the new primary waits for"),
     Field("first_ts", F, "first settlement of the window (Unix seconds)"),
     Field("forced", B, "the operator forced it (`ha-admin promote --force`)"),
@@ -141,7 +142,7 @@ FIELDS: Final = _fields(
     Field("lag_ms", F, "`(ack_ts - enqueue_ts) * 1000`"),
     Field("last_ts", F, "last settlement of the window (Unix seconds)"),
     Field("leader", S, "the current leader's broker id", nullable=True),
-    Field("limit", N, "`--max-memory` in bytes"),
+    Field("limit", N, "a bound in bytes (`--max-memory`, `--min-disk-free`)"),
     Field("link", S, "a link name"),
     Field("logger", S, "the Python logger's name (`kazoo.client`, `proton`, ...)"),
     Field("max_open_files", N, "the soft limit of open files (RLIMIT_NOFILE) in force"),
@@ -363,6 +364,12 @@ _EVENTS: tuple[Event, ...] = (
           (U("description"), U("refused", "durable messages waiting for that write, refused"))),
     Event("journal.writable", _WARN, _S, "journal writes succeed again after `journal.failed`: durable messages "
           "are accepted again", (U("description", "the failure that ended"),)),
+    Event("journal.disk.low", _WARN, _S, "the journal's disk has less free space than `--min-disk-free` (looked at "
+          "every second): durable messages for durable queues are refused with `amqp:resource-limit-exceeded` "
+          "until it has room again; non-durable traffic and consumers carry on",
+          (U("free"), U("limit", "`--min-disk-free` in bytes"), U("description"))),
+    Event("journal.disk.ok", _WARN, _S, "the journal's disk has `--min-disk-free` again after `journal.disk.low`: "
+          "durable messages are taken", (U("free"), U("limit", "`--min-disk-free` in bytes"), U("description"))),
     Event("journal.truncate_failed", _ERR, _S, "a write failed part-way and the partial record could not be cut "
           "back; it is cut as a torn tail at the next start", (U("size", "the segment's size before the write"),
                                                               U("exception"))),
@@ -400,9 +407,9 @@ _EVENTS: tuple[Event, ...] = (
           (U("queue"), U("count", "messages lost"), U("positions"), U("description"))),
     Event("memory.over", _WARN, _S, "queued messages take more than `--max-memory`: durable queues page their "
           "newest messages to the journal; what cannot be paged is refused (`amqp:resource-limit-exceeded`); one "
-          "line per episode", (U("used"), U("limit"), U("description"))),
+          "line per episode", (U("used"), U("limit", "`--max-memory` in bytes"), U("description"))),
     Event("memory.under", _INFO, _S, "queued memory is under `--max-memory` again: nothing is refused any more",
-          (U("used"), U("limit"), U("refused", "messages refused while over"))),
+          (U("used"), U("limit", "`--max-memory` in bytes"), U("refused", "messages refused while over"))),
     # ----- HA -------------------------------------------------------------------------------------------------
     Event("ha.state", _INFO, _H, "every state transition",
           (U("from_state"), U("to_state"), U("role"), U("epoch"), U("reason"))),

@@ -266,6 +266,11 @@ def _journal_families(j: dict[str, Any]) -> Iterator[Metric]:
     yield _counter("journal_written_bytes", "Bytes written to the journal since start", j["written"])
     yield _counter("journal_commits", "Journal commits (one write and fdatasync each) since start", j["commits"])
     yield _gauge("journal_failed", "1 while journal writes fail (durable messages refused)", int(j["failed"] is not None))
+    yield _gauge("journal_disk_low", "1 while the journal's disk is under --min-disk-free (durable messages refused)",
+                 int(j.get("low-disk") is not None))
+    if j.get("disk-free", -1) >= 0:
+        yield _gauge("journal_disk_free_bytes", "Bytes free on the journal's file system (looked at every second "
+                     "with --min-disk-free)", j["disk-free"])
     yield _gauge("journal_sync_wait_seconds", "How long the oldest journal write not yet on disk has waited for its "
                  "fdatasync (0: none waits; seconds mean a hung disk)", j["sync-wait"])
     yield _gauge("journal_paged_messages", "Messages paged to disk (flow to disk), not in memory", j["paged"])

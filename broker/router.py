@@ -151,13 +151,15 @@ class Router:
         self._refuse(address, targets[0] if len(targets) == 1 and targets[0].name == address else None, durable)
 
     def _refuse(self, address: str, q: Queue | None, durable: bool) -> None:
-        """While the journal cannot write, a durable message for a durable queue is refused; while memory is over
-        --max-memory, a message that cannot be paged to disk is (see broker.memory)."""
+        """While the journal cannot write (or its disk is under --min-disk-free), a durable message for a durable
+        queue is refused; while memory is over --max-memory, a message that cannot be paged to disk is (see
+        broker.memory)."""
         targets = [q] if q is not None else (
             self.route_exchange(address, current_subject()) if address in self.wiring.exchanges else [])
         store = self.store
-        if durable and store is not None and store.failed is not None and any(t.options.durable for t in targets):
-            raise JournalRefusal(f"not taken: {store.failed}")
+        why = store.refusing() if durable and store is not None else None
+        if why is not None and any(t.options.durable for t in targets):
+            raise JournalRefusal(f"not taken: {why}")
         memory = self.server.memory
         if memory is not None and memory.over:
             for t in targets:

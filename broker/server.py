@@ -100,7 +100,7 @@ class Server:
         self.store: Store | None = None
         if config.data_dir is not None and config.journal:
             self.store = Store(self, config.data_dir / "journal", config.journal_segment_bytes, config.max_memory,
-                               config.journal_stall_halt)
+                               config.journal_stall_halt, config.min_disk_free)
             self.extensions.append(self.store)
         # --max-memory: flow to disk and refusals beyond it (after the store's commit: it pages what was written).
         self.memory: MemoryBound | None = None
@@ -285,7 +285,7 @@ class Server:
             h.push(event)
 
     def refresh_refusing(self) -> None:
-        self.refusing = (self.store is not None and self.store.failed is not None) or (
+        self.refusing = (self.store is not None and self.store.refusing() is not None) or (
             self.memory is not None and self.memory.over)
 
     def wake_queue(self, q: Queue) -> None:

@@ -352,7 +352,8 @@ def journal_stats(obj: Ctx, data_dir: Path | None, as_json: bool) -> None:
         click.echo(json.dumps(j, sort_keys=True))
         return
     state = (f"FAILED: {j['failed']} (durable messages are refused)" if j.get("failed")
-             else f"STALLED: {j['stalled']}" if j.get("stalled") else "writable")
+             else f"STALLED: {j['stalled']}" if j.get("stalled")
+             else f"DISK LOW: {j['low-disk']}" if j.get("low-disk") else "writable")
     click.echo(f"journal {j.get('directory')} of {j['broker']} ({obj.target})\n"
                f"  segments        {j.get('segments')} (writing {segment_name(int(j.get('segment') or 0))})\n"
                f"  durable queues  {j.get('durable-queues')}\n"

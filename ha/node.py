@@ -370,6 +370,7 @@ class HaNode(Extension):
             "ready_view": self.ready_view.to_json() if self.ready_view is not None else None,
             "journal_failed": self.server.store.failed if self.server.store is not None else None,
             "journal_stalled": self.server.store.stalled() if self.server.store is not None else None,
+            "journal_low_disk": self.server.store.low_disk if self.server.store is not None else None,
             "settle_held": self._settle_held(),
             "members": members,
             "membership_since": self.membership_since,

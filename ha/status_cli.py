@@ -104,7 +104,7 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
             "epoch": a.get("epoch"), "position": a.get("position"), "queues": a.get("queues"),
             "backlog": None, "lag_ms": None, "primary": a.get("primary"), "source": "self",
             "as_of": a.get("time"), "journal_failed": a.get("journal_failed"),
-            "journal_stalled": a.get("journal_stalled"),
+            "journal_stalled": a.get("journal_stalled"), "journal_low_disk": a.get("journal_low_disk"),
             "settle_held": a.get("settle_held"),
         }
         followed = answers.get(a.get("primary") or "")
@@ -189,6 +189,10 @@ def headline(view: dict[str, Any]) -> tuple[str, str] | None:
     return "NO PRIMARY" + (f" (last known primary {', '.join(last)} does not answer)" if last else ""), "bold red"
 
 
+# A member's conditions that its Note shows in red (`_note`)
+ALARMS = ("journal_failed", "journal_stalled", "journal_low_disk", "settle_held")
+
+
 def _note(m: dict[str, Any]) -> str:
     s = m.get("stale")
     if s:
@@ -197,6 +201,8 @@ def _note(m: dict[str, Any]) -> str:
         return f"JOURNAL CANNOT WRITE: {m['journal_failed']}"
     if m.get("journal_stalled"):  # a hung disk: durable messages wait (docs/durability.md)
         return f"JOURNAL SYNC STALLED: {m['journal_stalled']}"
+    if m.get("journal_low_disk"):  # under --min-disk-free: its own clients' durable messages refused
+        return f"DISK LOW: {m['journal_low_disk']}"
     if m.get("settle_held"):  # --ha-min-ready-backups, no lease, a member list unconfirmed: clients wait
         return f"SETTLEMENTS HELD: {m['settle_held']}"
     return "no answer" if m.get("source") == "unreachable" else ""
@@ -244,8 +250,7 @@ def render(view: dict[str, Any], all_members: bool = False) -> Group:
             "" if m.get("backlog") is None else str(m["backlog"]),
             "" if m.get("lag_ms") is None else f"{m['lag_ms']:.1f}",
             bar,
-            *([Text(_note(m), "bold red" if m.get("journal_failed") or m.get("journal_stalled") or m.get("settle_held")
-                       else "dim")]
+            *([Text(_note(m), "bold red" if any(m.get(k) for k in ALARMS) else "dim")]
               if with_note else []),
         )
     return Group(header, t)

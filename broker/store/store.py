@@ -94,11 +94,20 @@ def _halt(what: str, waited: float, limit: float) -> NoReturn:
     os._exit(HALT_EXIT)
 
 
-def _free_bytes(directory: Path) -> int:
+def _size(n: int) -> str:
+    """`n` bytes for a person: 40.0 MiB, 1.5 GiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _free_bytes(directory: Path, unknown: int = PROBE_HEADROOM) -> int:
+    """Bytes free for the broker on `directory`'s file system (`unknown` if it cannot tell)."""
     try:
         st = os.statvfs(directory)
     except OSError:
-        return PROBE_HEADROOM  # cannot tell: let the write itself decide
+        return unknown  # cannot tell: let the write itself decide
     return st.f_bavail * st.f_frsize
 ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (docs/performance.md: 243-258 measured)
 # A journaled message costs one int object more: its location (`Entry.seg`, segment << 32 | offset: 32 bytes; a
@@ -315,9 +324,13 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
 
 class Store(Extension):
     def __init__(self, server: Server, directory: Path, segment_bytes: int = 64 * 1024 * 1024,
-                 max_memory: int = 0, stall_halt: float = 0.0) -> None:
+                 max_memory: int = 0, stall_halt: float = 0.0, min_disk_free: int = 0) -> None:
         self.server = server
         self.stall_halt = stall_halt  # --journal-stall-halt (0: off)
+        self.min_disk_free = min_disk_free  # --min-disk-free (0: off)
+        self.low_disk: str | None = None  # why durable messages are refused: the disk is under --min-disk-free
+        self.disk_free = -1  # free bytes on the journal's disk when last looked at (-1: not watched, or unknown)
+        self._disk_watch: Any = None  # the timer of the next `_watch_disk`
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.max_memory = max_memory
@@ -430,6 +443,8 @@ class Store(Extension):
                     q.observers.append(self)  # type: ignore[arg-type]
         self.journal.start(self._synced, self._sync_failed, self.server.engine)
         self._sync_watch = self.server.schedule(PROBE_INTERVAL, self._watch_sync)
+        if self.min_disk_free:
+            self._watch_disk()
         self._watchdog = Watchdog(self._watch_loop, PROBE_INTERVAL)
         self._watchdog.start()
         self.journal.defer_inline = True
@@ -445,10 +460,10 @@ class Store(Extension):
         self._commit()
 
     def close(self) -> None:
-        for timer in (self._sync_watch, self._probe):  # neither may run on a closed journal
+        for timer in (self._sync_watch, self._probe, self._disk_watch):  # none may run on a closed journal
             if timer is not None:
                 timer.cancel()
-        self._sync_watch = self._probe = None
+        self._sync_watch = self._probe = self._disk_watch = None
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
@@ -610,7 +625,7 @@ class Store(Extension):
 
     def refusing(self) -> str | None:
         """Why durable messages are refused now (None: they are taken)."""
-        return self.failed
+        return self.failed or self.low_disk
 
     def when_synced(self, fn: Callable[[], None]) -> None:
         """Call `fn` once everything journaled so far is on disk (now, if it is); dequeues gathered in this pass
@@ -794,6 +809,29 @@ class Store(Extension):
             self.stall_reported = False
             log.warning("journal.sync.resumed", description="the journal's fdatasyncs return again")
         self._sync_watch = self.server.schedule(PROBE_INTERVAL, self._watch_sync)
+
+    def _watch_disk(self) -> None:
+        """Once a second with --min-disk-free: durable messages are refused while the journal's disk has less free
+        space than that, and taken again once it has (RabbitMQ's disk alarm, Artemis' max-disk-usage): the broker
+        stops taking what it must write before the disk is full, rather than failing a write. Each broker judges
+        its own disk; a backup goes on applying what its primary sends (its acknowledgements are what keeps
+        the primary's messages safe) and only its own clients' durable messages are refused."""
+        self._disk_watch = self.server.schedule(PROBE_INTERVAL, self._watch_disk)
+        free = _free_bytes(self.directory, -1)
+        if free < 0:
+            return  # cannot tell: as it was
+        self.disk_free, limit = free, self.min_disk_free
+        if free < limit and self.low_disk is None:
+            self.low_disk = (f"the journal's disk has {_size(free)} free, under --min-disk-free {_size(limit)}: "
+                             "durable messages are refused until there is room")
+            log.warning("journal.disk.low", free=free, limit=limit, description=self.low_disk)
+            self.server.refresh_refusing()
+        elif free >= limit and self.low_disk is not None:
+            self.low_disk = None
+            log.warning("journal.disk.ok", free=free, limit=limit,
+                        description=f"the journal's disk has {_size(free)} free again (--min-disk-free "
+                                    f"{_size(limit)}): durable messages are taken")
+            self.server.refresh_refusing()
 
     def _watch_loop(self) -> None:
         """On the watchdog thread, once a second: the event loop itself has waited SYNC_STALLED or more in a write or
@@ -1029,6 +1067,8 @@ class Store(Extension):
                             "preallocated": self.journal.prealloc,
                             "prepared": self.journal.preparer.prepared if self.journal.preparer else 0,
                             "failed": self.failed, "sync-wait": round(self.sync_wait(), 3),
+                            "low-disk": self.low_disk, "disk-free": self.disk_free,
+                            "min-disk-free": self.min_disk_free,
                             "stalled": self.stalled(),
                             "paged": sum(q.paged_count for q in self.paging),
                             "paged-out": self.paged_out, "paged-in": self.paged_in}}

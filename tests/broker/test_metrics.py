@@ -56,7 +56,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def test_scrape_shows_depth_bytes_and_counters_of_what_clients_sent_and_consumed(brokers: BrokerFactory) -> None:
-    b = brokers("--metrics-port", "0", "--max-memory", "64M")
+    b = brokers("--metrics-port", "0", "--max-memory", "64M", "--min-disk-free", "1K")
     with mgmt(b.url) as m:
         m.call("CREATE", "queue", "orders", {"arguments": {"durable": True}})
         m.call("CREATE", "queue", "idle", {})
@@ -82,6 +82,8 @@ def test_scrape_shows_depth_bytes_and_counters_of_what_clients_sent_and_consumed
     assert value(s, "understudy_journal_written_bytes_total") > 0
     assert value(s, "understudy_journal_durable_queues") == 1
     assert value(s, "understudy_journal_failed") == 0
+    assert value(s, "understudy_journal_disk_low") == 0
+    assert value(s, "understudy_journal_disk_free_bytes") > 1024
     assert 0 <= value(s, "understudy_journal_sync_wait_seconds") < 5  # no sync hangs
     assert value(s, "understudy_memory_limit_bytes") == 64 * 1024 * 1024
     assert value(s, "understudy_memory_used_bytes") >= q["bytes"]
@@ -201,7 +203,7 @@ def test_before_the_loop_ever_answers_only_the_age_is_served_as_minus_one() -> N
 # ----- the docs and the dashboard name what the broker serves -----------------------------------------------------
 ROOT = Path(__file__).resolve().parents[2]
 _JOURNAL = {"segments": 1, "durable-queues": 1, "written": 10, "commits": 2, "failed": None, "sync-wait": 0.0,
-            "paged": 0,
+            "paged": 0, "low-disk": None, "disk-free": 5000,
             "paged-out": 0, "paged-in": 0}
 
 

@@ -15,7 +15,8 @@ from proton import Delivery, Message
 from proton.utils import BlockingConnection, SendException
 
 from broker.store import records as R
-from tests.support.amqp import drain, mgmt, receive, send, settle_last
+from tests.broker.helpers import outcome
+from tests.support.amqp import connect, drain, mgmt, receive, send, settle_last
 from tests.support.bulk import fill, number_of
 from tests.support.disks import fill_up
 from tests.support.procs import BIN, ROOT, BrokerFactory, BrokerProcess, wait_for
@@ -426,6 +427,46 @@ def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
     restart_after_kill(b)
     rest = drain(b.url, "full")
     assert [int(str(x).split("-")[0]) for x in rest[:-1]] == accepted[3:] and rest[-1] == "after"
+
+
+def test_under_min_disk_free_durable_messages_are_refused_until_there_is_room(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """--min-disk-free (RabbitMQ's disk_free_limit, Artemis' max-disk-usage): while the journal's disk has less
+    free space, durable messages are refused before any write fails; non-durable traffic and consumers carry on;
+    the broker shows why; once there is room they are taken again, and nothing acknowledged is lost."""
+    b = brokers("--min-disk-free", "4M", start=False)
+    b.data_dir = small_disk / "data"  # an 8 MiB tmpfs
+    b.start()
+    durable_queue(b, "q")
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "memory", {})
+        assert m.call("READ", "broker", "broker").body["journal"]["low-disk"] is None
+    send(b.url, "q", ["before-0", "before-1"], durable=True)
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(bytes(5 << 20))  # what else fills the disk: under 4 MiB free
+    low = wait_for(lambda: [e for e in b.events() if e["event"] == "journal.disk.low"], 5,
+                   what="journal.disk.low within a second or two")
+    assert low[0]["limit"] == 4 << 20 and 0 < low[0]["free"] < 4 << 20
+    conn = connect(b.url)
+    try:
+        d = conn.create_sender("q").link.send(Message(body="while-low", durable=True))
+        conn.wait(lambda: bool(d.remote_state), timeout=10)
+    finally:
+        conn.close()
+    assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded")
+    assert "free, under --min-disk-free 4.0 MiB: durable messages are refused" in d.remote.condition.description
+    send(b.url, "memory", ["non-durable traffic still flows"])
+    assert drain(b.url, "memory") == ["non-durable traffic still flows"]
+    assert receive(b.url, "q", 1) == ["before-0"]  # consumers are served
+    stats = subprocess.run([str(BIN / "ha-admin"), "--broker", b.url, "journal", "stats"], capture_output=True,
+                           text=True, timeout=30)
+    assert "DISK LOW: the journal's disk has" in " ".join(stats.stdout.split()), stats.stdout + stats.stderr
+    ballast.unlink()
+    wait_for(lambda: [e for e in b.events() if e["event"] == "journal.disk.ok"], 5, what="journal.disk.ok")
+    send(b.url, "q", ["after"], durable=True)
+    restart_after_kill(b)
+    assert drain(b.url, "q") == ["before-1", "after"]
 
 
 def test_a_failed_delivery_count_survives_a_restart_and_so_does_the_delivery_limit(brokers: BrokerFactory) -> None:

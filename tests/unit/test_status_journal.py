@@ -1,4 +1,5 @@
-"""ha-status shows a member whose journal cannot write (disk full, I/O error) in its row's note."""
+"""ha-status shows a member whose journal cannot write (disk full, I/O error), or whose disk is under
+--min-disk-free, in its row's note."""
 
 from __future__ import annotations
 
@@ -34,3 +35,13 @@ def test_no_note_column_while_every_journal_writes() -> None:
     view = {"brokers_url": "b1:5672", "public_url": None, "epoch": 3, "primaries": ["b1"],
             "members": [row("b1", "primary", "active", None)]}
     assert "Note" not in shown(view)
+
+
+def test_a_member_under_min_disk_free_says_so_in_its_row() -> None:
+    low = row("b1", "primary", "active", None)
+    low["journal_low_disk"] = ("the journal's disk has 3.0 MiB free, under --min-disk-free 4.0 MiB: durable "
+                               "messages are refused until there is room")
+    view = {"brokers_url": "b1:5672,b2:5672", "public_url": None, "epoch": 3, "primaries": ["b1"],
+            "members": [low, row("b2", "backup", "ready", None)]}
+    b1 = next(line for line in shown(view).splitlines() if line.lstrip("│ ").startswith("b1"))
+    assert "DISK LOW: the journal's disk has 3.0 MiB free" in b1
