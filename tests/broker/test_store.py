@@ -18,6 +18,7 @@ from broker.store import records as R
 from tests.broker.helpers import outcome
 from tests.support.amqp import connect, drain, mgmt, receive, send, settle_last
 from tests.support.bulk import fill, number_of
+from tests.support.cluster import Cluster
 from tests.support.disks import fill_up
 from tests.support.procs import BIN, ROOT, BrokerFactory, BrokerProcess, wait_for
 
@@ -467,6 +468,28 @@ def test_under_min_disk_free_durable_messages_are_refused_until_there_is_room(
     send(b.url, "q", ["after"], durable=True)
     restart_after_kill(b)
     assert drain(b.url, "q") == ["before-1", "after"]
+
+
+def test_a_backup_under_min_disk_free_goes_on_replicating_and_shows_it(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """Each broker judges its own disk: a backup under --min-disk-free journals and acknowledges what its primary
+    sends (refusing would make it leave the cluster, and redundancy with it) and ha-status shows it in red."""
+    c = Cluster(brokers, 2, ["--min-disk-free", "4M"])
+    c[1].data_dir = small_disk / "data"  # the backup's journal on an 8 MiB tmpfs
+    c.start_with_primary(0)
+    durable_queue(c[0], "q")
+    (small_disk / "ballast").write_bytes(bytes(5 << 20))
+    wait_for(lambda: [e for e in c[1].events() if e["event"] == "journal.disk.low"], 5, what="journal.disk.low")
+    bodies = [f"m{i}" for i in range(50)]
+    send(c[0].url, "q", bodies, durable=True)  # each settled only once the ready backup journaled it
+    st = Cluster.status(c[1])
+    assert st["state"] == "ready" and "under --min-disk-free 4.0 MiB" in st["journal_low_disk"]
+    assert Cluster.status(c[0])["journal_low_disk"] is None
+    assert not [e for e in c[0].events() if e["event"] == "ha.backup.lost"]
+    assert c.queue_bodies(1, "q") == bodies
+    text = subprocess.run([str(BIN / "ha-status"), "--broker", c[0].url], capture_output=True, text=True, timeout=30)
+    assert "DISK LOW: the journal's disk has" in " ".join(text.stdout.split()), text.stdout
 
 
 def test_a_failed_delivery_count_survives_a_restart_and_so_does_the_delivery_limit(brokers: BrokerFactory) -> None:
