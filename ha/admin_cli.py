@@ -360,6 +360,8 @@ def journal_stats(obj: Ctx, data_dir: Path | None, as_json: bool) -> None:
                f"  written         {j.get('written', 0):,} bytes since start\n"
                f"  commits         {j.get('commits', 0):,} since start (one write and one fdatasync each)\n"
                f"  state           {state}")
+    if j.get("disk-free", -1) >= 0:  # watched with --min-disk-free
+        click.echo(f"  disk free       {j['disk-free']:,} bytes (--min-disk-free {j.get('min-disk-free', 0):,})")
 
 
 @journal.command("cut")

@@ -463,6 +463,7 @@ def test_under_min_disk_free_durable_messages_are_refused_until_there_is_room(
     stats = subprocess.run([str(BIN / "ha-admin"), "--broker", b.url, "journal", "stats"], capture_output=True,
                            text=True, timeout=30)
     assert "DISK LOW: the journal's disk has" in " ".join(stats.stdout.split()), stats.stdout + stats.stderr
+    assert f"(--min-disk-free {4 << 20:,})" in stats.stdout
     ballast.unlink()
     wait_for(lambda: [e for e in b.events() if e["event"] == "journal.disk.ok"], 5, what="journal.disk.ok")
     send(b.url, "q", ["after"], durable=True)
