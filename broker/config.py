@@ -173,6 +173,10 @@ class BrokerConfig(BaseSettings):
                                  description="client connections open at once; one more is refused with "
                                              "amqp:resource-limit-exceeded (backups and operators' tools are not "
                                              "counted) [no bound]")
+    max_connections_per_user: int = Field(0, ge=0, le=10_000_000,
+                                          description="client connections one user (the login name; anonymous "
+                                                      "ones share `anonymous`) may have open at once; one more is "
+                                                      "refused like --max-connections [no bound]")
     sasl_mechanisms: Annotated[tuple[str, ...], NoDecode] = Field(
         ("ANONYMOUS", "PLAIN"), description="space or comma separated: ANONYMOUS PLAIN",
         json_schema_extra={"metavar": "TEXT"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -42,7 +43,7 @@ class ConnectionState:
     links: set[LinkHandler] = field(default_factory=set)
     unsettled_returned: int = 0
     refused: bool = False
-    counted: bool = False  # one of the client connections `--max-connections` bounds
+    counted: bool = False  # one of the client connections `--max-connections` (and `-per-user`) bound
 
     @property
     def connection(self) -> Any:
@@ -87,6 +88,7 @@ class Connections:
         self.conns: dict[Any, ConnectionState] = {}  # pn_connection_t* -> state
         self.links: dict[Any, LinkHandler] = {}  # pn_link_t* -> handler
         self.clients = 0  # client connections open (bounded by --max-connections)
+        self.per_user: Counter[str] = Counter()  # of them, by user (bounded by --max-connections-per-user)
 
     def __len__(self) -> int:
         return len(self.conns)
@@ -169,16 +171,24 @@ class Connections:
         log.info("connection.opened", connection=st.id, remote=st.remote, user=st.user, kind=st.kind)
 
     def _count_client(self, st: ConnectionState) -> None:
-        """One more client connection, unless `--max-connections` of them are open (Refusal). Backups and
-        operators' tools are not counted: a client that leaks connections must not keep out replication or the
-        tools that would show it."""
-        limit = self.server.config.max_connections
+        """One more client connection, unless `--max-connections` of them are open, or
+        `--max-connections-per-user` of its user's (Refusal). Backups and operators' tools are not counted: a
+        client that leaks connections must not keep out replication or the tools that would show it; with a bound
+        per user, it keeps out no other user's clients either."""
+        config = self.server.config
+        limit, per_user = config.max_connections, config.max_connections_per_user
         if limit and self.clients >= limit:
             raise Refusal("amqp:resource-limit-exceeded",
                           f"{self.clients} client connections are open, the broker's limit (--max-connections "
                           f"{limit}): try again later")
+        user = st.user or "anonymous"
+        if per_user and self.per_user[user] >= per_user:
+            raise Refusal("amqp:resource-limit-exceeded",
+                          f"user {user!r} has {self.per_user[user]} client connections open, the broker's limit "
+                          f"per user (--max-connections-per-user {per_user}): try again later")
         st.counted = True
         self.clients += 1
+        self.per_user[user] += 1
 
     def trust(self) -> Trust:
         return Trust.of(self.server.users, self.server.config.ha_username)
@@ -242,6 +252,10 @@ class Connections:
             return
         if st.counted:
             self.clients -= 1
+            user = st.user or "anonymous"
+            self.per_user[user] -= 1
+            if not self.per_user[user]:
+                del self.per_user[user]
         for h in [h for h in self.links.values() if h.conn is st]:
             self.link_gone(h.link)
         for ext in self.server.extensions:

@@ -170,3 +170,39 @@ def test_max_connections_refuses_one_client_more_but_never_a_tool_and_a_closed_o
             c.close()
     refused = [e for e in b.events() if e["event"] == "connection.refused"]
     assert [e["condition"] for e in refused] == ["amqp:resource-limit-exceeded"], refused
+
+
+def test_max_connections_per_user_keeps_one_users_leak_from_the_others(brokers: Any, tmp_path: Path) -> None:
+    """--max-connections-per-user (Qpid's max-connections-per-user): a user's client connections over the bound are
+    refused at their open; other users' clients and operators' tools still get in; a close makes room."""
+    from proton.utils import BlockingConnection, ConnectionClosed
+
+    from broker.client import ManagementClient
+
+    (tmp_path / "users.toml").write_text('[users.ops]\npassword = "o"\nadmin = true\n\n'
+                                         '[users.bob]\npassword = "b"\n\n[users.carol]\npassword = "c"\n')
+
+    def login(user: str) -> BlockingConnection:
+        return BlockingConnection(b.url, timeout=10, reconnect=False, user=user, password=user[0],
+                                  sasl_enabled=True, allowed_mechs="PLAIN", allow_insecure_mechs=True)
+
+    b = brokers("--users-file", str(tmp_path / "users.toml"), "--max-connections-per-user", "2",
+                "--auto-create-queues")
+    held = [login("bob"), login("bob")]
+    try:
+        with pytest.raises(ConnectionClosed) as e:
+            login("bob")
+        assert "amqp:resource-limit-exceeded" in str(e.value)
+        assert ("user 'bob' has 2 client connections open, the broker's limit per user "
+                "(--max-connections-per-user 2)") in str(e.value)
+        held.append(login("carol"))  # another user's clients are not kept out
+        held[-1].create_sender("q").send(Message(body="from carol"))
+        with ManagementClient(b.url, user="ops", password="o") as m:  # nor an operator's tool
+            assert m.call("READ", "queue", "q").body["depth"] == 1
+        held.pop(0).close()
+        held.append(login("bob"))  # room again for bob
+    finally:
+        for c in held:
+            c.close()
+    refused = [e for e in b.events() if e["event"] == "connection.refused"]
+    assert len(refused) == 1 and "user 'bob'" in refused[0]["description"], refused
