@@ -367,9 +367,9 @@ class Journal:
 
     def commit(self) -> int | None:
         """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises
-        JournalFull, SegmentFull or JournalError; the journal then holds nothing of this commit, and what of it must not be
-        forgotten (consumptions, wiring: `records.carried`) stays pending for the next one, unless the commit was a
-        transaction's unit, which fails whole."""
+        JournalFull, SegmentFull or JournalError; the journal then holds nothing of this commit, and what of it
+        must not be forgotten (consumptions, wiring: `records.carried`) stays pending for the next one, unless the
+        commit was a transaction's unit, which fails whole."""
         if not self.pending:
             return None
         at, self.unit_at = self.unit_at, None

@@ -109,6 +109,8 @@ def _free_bytes(directory: Path, unknown: int = PROBE_HEADROOM) -> int:
     except OSError:
         return unknown  # cannot tell: let the write itself decide
     return st.f_bavail * st.f_frsize
+
+
 ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (docs/performance.md: 243-258 measured)
 # A journaled message costs one int object more: its location (`Entry.seg`, segment << 32 | offset: 32 bytes; a
 # message that is not journaled shares the 0). Measured: 285 bytes over the body durable, 258 not, in one run.
