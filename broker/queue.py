@@ -51,6 +51,7 @@ class DequeueReason(Enum):
     PURGED = "purged"
     REPLICATED = "replicated"  # a backup applying the primary's dequeue
     DELETED = "deleted"  # the queue was deleted
+    REFUSED = "refused"  # its journal write failed: its publisher was told it was not taken
 
 
 AVAILABLE = 0

@@ -40,7 +40,7 @@ from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
-from broker.queue import DEAD, DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
+from broker.queue import AVAILABLE, DEAD, DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
 from broker.store.journal import Journal, segment_name, segment_numbers
 from broker.store.syncproc import SyncProcess
@@ -340,6 +340,10 @@ class Store(Extension):
         self.queues: dict[Queue, _Q] = {}
         self.next_qid = 1
         self.waiting: list[Completion] = []  # durable deliveries of this pass
+        # ... and where they were enqueued (`hold`: each delivery's routes; `hold_group`: a queue and its entries),
+        # taken off their queues again if the pass's write fails (`_take_back`)
+        self.held_routes: list[list[tuple[Queue, Entry]]] = []
+        self.held_groups: list[tuple[Queue, list[Entry]]] = []
         self.after: list[Callable[[], None]] = []  # callbacks for when this pass's records are on disk
         self.tickets: deque[tuple[int, list[Completion], list[Callable[[], None]]]] = deque()
         self.dequeues: dict[int, list[int]] = {}  # qid -> positions dequeued this pass (written at its end)
@@ -610,6 +614,7 @@ class Store(Extension):
         for _, e in routed:
             if e.seg and e.flags & DURABLE:
                 self.waiting.append(completion)
+                self.held_routes.append(routed)
                 return True
         return False
 
@@ -619,10 +624,12 @@ class Store(Extension):
         held = [c for c, e in zip(completions, entries, strict=True) if e.seg and e.flags & DURABLE]
         if len(held) == len(completions):
             self.waiting.extend(held)
+            self.held_groups.append((queue, entries))
             return True
         for c in held:  # durable and non-durable messages in one pass: only the durable ones wait for the disk
             c.pending += 1
         self.waiting.extend(held)
+        self.held_groups.append((queue, [e for e in entries if e.seg and e.flags & DURABLE]))
         return False
 
     def refusing(self) -> str | None:
@@ -697,6 +704,8 @@ class Store(Extension):
         waiting, after = self.waiting, self.after
         journaled, self.journaled = self.journaled, []
         rejournaled, self.rejournaled = self.rejournaled, []
+        routes, groups = self.held_routes, self.held_groups
+        self.held_routes, self.held_groups = [], []
         if not waiting and not after and not self.journal.pending:
             return False
         self.waiting, self.after = [], []
@@ -706,6 +715,7 @@ class Store(Extension):
             self._unjournal(journaled)
             self._unmove(rejournaled)
             self._fail(str(e), waiting)
+            self._take_back(routes, groups)
             for fn in after:
                 fn()
             return False
@@ -726,6 +736,17 @@ class Store(Extension):
                 if q.entries.get(e.position) is e:
                     _count(st.live, loc >> 32, -1)
                     break
+
+    @staticmethod
+    def _take_back(routes: list[list[tuple[Queue, Entry]]], groups: list[tuple[Queue, list[Entry]]]) -> None:
+        """The write of the refused deliveries failed: their publishers are told they were not taken, so they are
+        taken off every queue they were put on (a resend must not make them twice), unless a consumer took one in
+        this same pass (it is out: it stays with that consumer)."""
+        refused = [pair for routed in routes for pair in routed]
+        refused += [(q, e) for q, entries in groups for e in entries]
+        for q, e in refused:
+            if e.state == AVAILABLE and q.entries.get(e.position) is e:
+                q.dequeue(e, DequeueReason.REFUSED)
 
     def _unmove(self, moved: list[tuple[_Q, Entry, int]]) -> None:
         """Records written again were not: each message is where its last record on disk is (its older count), and

@@ -404,6 +404,8 @@ def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
     assert refused is not None and refused.remote_state == Delivery.REJECTED
     assert refused.remote.condition.name == "amqp:resource-limit-exceeded"
     assert "disk full" in refused.remote.condition.description
+    # the refused message is on no queue: its publisher will send it again, and it must not arrive twice
+    assert [int(str(x).split("-")[0]) for x in drain(b.url, "full", browse=True)] == accepted
     send(b.url, "memory", ["non-durable traffic still flows"])  # nothing else is refused
     assert drain(b.url, "memory") == ["non-durable traffic still flows"]
     with mgmt(b.url) as m:
@@ -491,6 +493,72 @@ def test_a_backup_under_min_disk_free_goes_on_replicating_and_shows_it(
     assert c.queue_bodies(1, "q") == bodies
     text = subprocess.run([str(BIN / "ha-status"), "--broker", c[0].url], capture_output=True, text=True, timeout=30)
     assert "DISK LOW: the journal's disk has" in " ".join(text.stdout.split()), text.stdout
+
+
+def test_a_message_refused_by_a_full_disk_is_on_no_queue_of_the_primary_or_its_backup(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """A durable message whose journal write failed is refused to its publisher; it was already on its queues (and
+    on its way to the backup): it is taken off them again, on the backup too, so that the publisher's resend is
+    the only copy anyone receives."""
+    c = Cluster(brokers, 2, [])
+    c[0].data_dir = small_disk / "data"  # the primary's journal on an 8 MiB tmpfs
+    (small_disk / "ballast").write_bytes(b"\0" * (5 * 1024 * 1024))
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "full", {"arguments": {"durable": True}})
+        m.call("CREATE", "queue", "plain", {})
+        m.call("CREATE", "exchange", "both", {"exchange-type": "fanout", "arguments": {"durable": True}})
+        for q in ("full", "plain"):
+            m.call("CREATE", "binding", None, {"source": "both", "destination": q, "binding-key": ""})
+    conn = connect(c[0].url, timeout=30)
+    accepted: list[int] = []
+    try:
+        s = conn.create_sender("both")
+        for i in range(10_000):  # ~10 KiB each: the disk is full long before the end
+            d = s.link.send(Message(body=f"{i}-{'y' * 10_000}", durable=True))
+            conn.wait(lambda d=d: bool(d.remote_state), timeout=30)
+            if d.remote_state != Delivery.ACCEPTED:
+                break
+            accepted.append(i)
+    finally:
+        conn.close()
+    assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded") and len(accepted) > 10
+
+    def numbers(i: int, queue: str) -> list[int]:
+        return [int(str(x).split("-")[0]) for x in c.queue_bodies(i, queue)]
+
+    for queue in ("full", "plain"):  # the durable queue that could not journal it, and the other it was routed to
+        assert numbers(0, queue) == accepted, queue
+        wait_for(lambda queue=queue: numbers(1, queue) == accepted, 10, what=f"the backup's {queue} as the primary's")
+
+
+def test_a_transaction_whose_commit_cannot_be_journaled_leaves_nothing_on_its_queue(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """A transaction stands or falls whole: when the write of its commit fails (the disk is full), the discharge
+    is refused and none of its messages may reach a consumer."""
+    from tests.support.txn import Txn
+
+    (small_disk / "ballast").write_bytes(b"\0" * (5 * 1024 * 1024))
+    b = brokers(start=False)
+    b.data_dir = small_disk / "data"
+    b.start()
+    durable_queue(b, "orders")
+    send(b.url, "orders", ["before"], durable=True)
+    conn = connect(b.url, timeout=30)
+    try:
+        sender = conn.create_sender("orders")
+        txn = Txn(conn)
+        for i in range(4):  # 4 MiB in one commit: more than the disk has left
+            txn.send(sender, Message(body=f"{i}-{'t' * (1 << 20)}", durable=True))
+        assert txn.commit() == "failed"
+        assert "disk full" in txn.condition.description
+    finally:
+        conn.close()
+    assert drain(b.url, "orders", browse=True) == ["before"]
+    assert receive(b.url, "orders", 1) == ["before"]
+    assert drain(b.url, "orders") == []
 
 
 def test_a_failed_delivery_count_survives_a_restart_and_so_does_the_delivery_limit(brokers: BrokerFactory) -> None:

@@ -251,6 +251,7 @@ def test_a_pass_too_big_for_its_segment_is_refused_and_the_journal_goes_on_in_a_
     server.engine.run_once(0)
     assert store.failed is None and not server.refusing  # writable again in the next turn, in a new segment
     assert store.journal.segment > first
+    assert sorted(q.entries) == [1]  # refused: taken off its queue again (a resend must not make it twice)
     assert (tmp_path / "journal" / segment_name(first)).stat().st_size == size
     taken = Completion(publisher, None)  # type: ignore[arg-type]
     q.enqueue_replica(3, b"c" * 1000, 0, DURABLE, 0, None)
