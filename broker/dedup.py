@@ -116,6 +116,21 @@ class DuplicateWindow:
             self.times.popleft()
         return True
 
+    def forget(self, k: bytes) -> bool:
+        """Take `k` out of the window: its message was not taken after all (its journal write failed and its
+        publisher was refused, so that a resend must get in). Returns whether it was in. A reader of `since` whose
+        mark is older than `k` may then be given one id it had already: taking an id again changes nothing."""
+        if k not in self.ids:
+            return False
+        self.ids.discard(k)
+        keys = self.keys
+        for i in range(len(keys) - 1, -1, -1):  # the newest first: a refused id is one of the last
+            if keys[i] == k:
+                del keys[i]
+                del self.times[i]
+                break
+        return True
+
     def items(self) -> list[tuple[bytes, float]]:
         """The window, oldest first."""
         return list(zip(self.keys, self.times, strict=True))

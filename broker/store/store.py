@@ -36,9 +36,11 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from broker.dedup import key as id_key
 from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
+from broker.message import current_message_id, decode
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
 from broker.queue import AVAILABLE, DEAD, DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
@@ -741,10 +743,16 @@ class Store(Extension):
     def _take_back(routes: list[list[tuple[Queue, Entry]]], groups: list[tuple[Queue, list[Entry]]]) -> None:
         """The write of the refused deliveries failed: their publishers are told they were not taken, so they are
         taken off every queue they were put on (a resend must not make them twice), unless a consumer took one in
-        this same pass (it is out: it stays with that consumer)."""
+        this same pass (it is out: it stays with that consumer); and a queue's duplicate window forgets their ids,
+        or it would drop the resend as a duplicate of what it never kept."""
         refused = [pair for routed in routes for pair in routed]
         refused += [(q, e) for q, entries in groups for e in entries]
         for q, e in refused:
+            if q.dedup is not None:
+                decode(e.data, trusted=True)
+                k = id_key(current_message_id())
+                if k is not None:
+                    q.dedup.forget(k)
             if e.state == AVAILABLE and q.entries.get(e.position) is e:
                 q.dequeue(e, DequeueReason.REFUSED)
 

@@ -561,6 +561,39 @@ def test_a_transaction_whose_commit_cannot_be_journaled_leaves_nothing_on_its_qu
     assert drain(b.url, "orders") == []
 
 
+def test_the_resend_of_a_message_a_full_disk_refused_is_taken_by_a_duplicate_window(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """A queue with a duplicate window drops a resend whose id it has seen: the id of a message refused because its
+    write failed must not count as seen, or the publisher's resend would be confirmed and stored nowhere."""
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(b"\0" * (5 * 1024 * 1024))
+    b = brokers(start=False)
+    b.data_dir = small_disk / "data"
+    b.start()
+    durable_queue(b, "orders", **{"duplicate-window": 100_000})
+    conn = connect(b.url, timeout=30)
+    accepted: list[int] = []
+    try:
+        s = conn.create_sender("orders")
+        for i in range(10_000):
+            d = s.link.send(Message(id=f"order-{i}", body=f"{i}-{'y' * 10_000}", durable=True))
+            conn.wait(lambda d=d: bool(d.remote_state), timeout=30)
+            if d.remote_state != Delivery.ACCEPTED:
+                break
+            accepted.append(i)
+    finally:
+        conn.close()
+    assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded")
+    refused = len(accepted)
+    ballast.unlink()  # the operator frees space; the publisher sends the refused message again
+    wait_for(lambda: any(e["event"] == "journal.writable" for e in b.events()), 10, what="journal.writable")
+    send(b.url, "orders", [f"{refused}-again"], id=f"order-{refused}", durable=True)
+    restart_after_kill(b)
+    got = [str(x) for x in drain(b.url, "orders")]
+    assert [int(x.split("-")[0]) for x in got] == [*accepted, refused] and got[-1] == f"{refused}-again"
+
+
 def test_a_failed_delivery_count_survives_a_restart_and_so_does_the_delivery_limit(brokers: BrokerFactory) -> None:
     """The count of failed deliveries was journaled only with the message's first record: after a restart a poison
     message started again from 0 (delivery-count 0 to its consumer, --delivery-limit counting anew)."""

@@ -143,3 +143,20 @@ def test_memory_per_id_is_what_docs_broker_md_says() -> None:
     per_id = used / n
     print(f"duplicate window: {per_id:.0f} bytes per 36-character id (python {sys.version_info[:2]})")
     assert 100 < per_id < 200, per_id
+
+
+def test_a_forgotten_id_is_taken_again_and_a_reader_of_since_misses_nothing() -> None:
+    """`forget`: the id of a message that was refused after all (its journal write failed) leaves the window, so
+    that the resend gets in; a reader of `since` (the journal, a backup) still gets every id added after its mark
+    (at most one it had already: harmless)."""
+    w = DuplicateWindow(count=10)
+    for i in range(4):
+        w.add(key(i) or b"", float(i))
+    before, after = w.added - 1, w.added  # a reader that had all but the newest, one that had everything
+    assert w.forget(key(3) or b"") and not w.forget(key(3) or b"") and not w.forget(b"never")
+    assert (key(3) or b"") not in w and w.items() == [(key(i) or b"", float(i)) for i in range(3)]
+    assert w.add(key(3) or b"", 9.0)  # the resend
+    assert [k for k, _ in w.since(before)] == [key(2), key(3)]  # key(2): one it had already
+    assert w.since(after) == [(key(3) or b"", 9.0)]
+    w.forget(key(1) or b"")  # from the middle
+    assert [k for k, _ in w.items()] == [key(0), key(2), key(3)] and len(w) == 3
