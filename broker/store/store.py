@@ -346,6 +346,9 @@ class Store(Extension):
         # taken off their queues again if the pass's write fails (`_take_back`)
         self.held_routes: list[list[tuple[Queue, Entry]]] = []
         self.held_groups: list[tuple[Queue, list[Entry]]] = []
+        # Still queued, though the write of their records failed and nobody was refused for them (a backup's
+        # replicas, a dead-lettered or moved message): written again with the probe that finds the journal writable
+        self.unwritten: list[tuple[Queue, Entry]] = []
         self.after: list[Callable[[], None]] = []  # callbacks for when this pass's records are on disk
         self.tickets: deque[tuple[int, list[Completion], list[Callable[[], None]]]] = deque()
         self.dequeues: dict[int, list[int]] = {}  # qid -> positions dequeued this pass (written at its end)
@@ -714,10 +717,11 @@ class Store(Extension):
         try:
             ticket = self.journal.commit()
         except BrokerError as e:  # JournalFull / SegmentFull / JournalError: nothing of it is on disk
-            self._unjournal(journaled)
+            kept = self._unjournal(journaled)
             self._unmove(rejournaled)
             self._fail(str(e), waiting)
             self._take_back(routes, groups)
+            self.unwritten += [(q, m) for q, m in kept if q.entries.get(m.position) is m and not m.flags & PARKED]
             for fn in after:
                 fn()
             return False
@@ -730,14 +734,18 @@ class Store(Extension):
         self.tickets.append((ticket, waiting, after))
         return True
 
-    def _unjournal(self, entries: list[Entry]) -> None:
-        """Their records were not written: they are not journaled (and a parked one waits for the journal)."""
+    def _unjournal(self, entries: list[Entry]) -> list[tuple[Queue, Entry]]:
+        """Their records were not written: they are not journaled (and a parked one waits for the journal).
+        Returns those still on a queue, with it."""
+        kept = []
         for e in entries:
             loc, e.seg = e.seg, 0
             for q, st in self.queues.items():
                 if q.entries.get(e.position) is e:
                     _count(st.live, loc >> 32, -1)
+                    kept.append((q, e))
                     break
+        return kept
 
     @staticmethod
     def _take_back(routes: list[list[tuple[Queue, Entry]]], groups: list[tuple[Queue, list[Entry]]]) -> None:
@@ -897,18 +905,27 @@ class Store(Extension):
                 self._roll()
             else:
                 self.journal.append(R.document(R.STATE, self.state or {"probe": time.time()}))
-            self.journal.commit()
         except BrokerError as e:
             self.failed = str(e)
             self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
             return
-        log.warning("journal.writable", description=f"writes succeed again after: {self.failed}")
-        self.failed = None
-        self.server.refresh_refusing()
-        for q in self.parking:  # parked while the journal could not write: journal them now
+        # What is still queued unwritten goes with the probe: once the journal is declared writable it holds
+        # everything this broker keeps (a backup about to rejoin tells its primary what it holds).
+        unwritten, self.unwritten = self.unwritten, []
+        for q, entry in unwritten:
+            if not entry.seg and q.entries.get(entry.position) is entry:
+                self.enqueued(q, entry)
+        for q in self.parking:  # parked while the journal could not write
             for p in q.parked:
                 if not p.seg:
                     self.enqueued(q, p)
+        failures = self.failures
+        self._commit()  # a failure undoes it all as in a pass (compaction's moves included) and probes again
+        if self.failures != failures:
+            return
+        log.warning("journal.writable", description=f"writes succeed again after: {self.failed}")
+        self.failed = None
+        self.server.refresh_refusing()
 
     # ----- segments ------------------------------------------------------------------------------------------------
     def _roll(self) -> None:

@@ -262,3 +262,28 @@ def test_a_pass_too_big_for_its_segment_is_refused_and_the_journal_goes_on_in_a_
     image, _, _, _ = read_journal(tmp_path / "journal")
     (msgs,) = image.messages.values()
     assert {pos: m.data[:1] for pos, m in msgs.items()} == {1: b"a", 3: b"c"}
+
+
+def test_what_a_failed_write_left_queued_is_written_with_the_probe_that_finds_the_journal_writable(
+        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup's replicas (nobody to refuse: the backup leaves its primary instead) stay queued when their write
+    fails; the probe that finds the journal writable writes them, before the backup rejoins and says what it holds:
+    else a message it keeps in memory would be missing from its journal after a restart."""
+    store = server.store
+    assert store is not None
+    settle(server)
+    q, _ = server.wiring.declare_queue("replicas", {"durable": True})
+    store.journal.append(R.document(R.STATE, {"probe": "x" * 30_000}))
+    store.end_of_pass()
+    settle(server)
+    monkeypatch.setattr(R, "LOC_OFFSET", 40_000)  # the next write fails (SegmentFull), as a full disk would
+    for pos in (1, 2):
+        q.enqueue_replica(pos, b"r" * 5_000, 0, DURABLE, 0, None)
+    store.end_of_pass()
+    assert store.failed is not None and sorted(q.entries) == [1, 2] and not q.entries[1].seg
+    server.engine.run_once(0)  # the probe: a new segment, and the replicas written with it
+    assert store.failed is None and q.entries[1].seg and q.entries[2].seg
+    settle(server)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (msgs,) = image.messages.values()
+    assert sorted(msgs) == [1, 2]
