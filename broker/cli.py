@@ -35,7 +35,7 @@ from broker.config import (
     flag_specs,
     load_config,
 )
-from broker.datadir import DataDirInUse, data_dir_problem, file_problem, lock_data_dir
+from broker.datadir import DataDirInUse, data_dir_problem, disk_free_problem, file_problem, lock_data_dir
 from broker.server import Server
 from broker.store.records import JournalError
 from broker.tls import TlsError, config_problems
@@ -88,7 +88,9 @@ def path_problems(cfg: BrokerConfig, data_dir: bool = True) -> list[str]:
     return [f"{flag} {path}: {problem}" for flag, path, problem in (
         ("--data-dir", cfg.data_dir, data_dir and cfg.data_dir and data_dir_problem(cfg.data_dir, create=False)),
         ("--log-file", cfg.log_file, cfg.log_file and file_problem(cfg.log_file)),
-        ("--pid-file", cfg.pid_file, cfg.pid_file and file_problem(cfg.pid_file))) if problem]
+        ("--pid-file", cfg.pid_file, cfg.pid_file and file_problem(cfg.pid_file)),
+        ("--min-disk-free", cfg.min_disk_free,
+         cfg.data_dir and disk_free_problem(cfg.data_dir, cfg.min_disk_free))) if problem]
 
 
 def run(cfg: BrokerConfig, plugins: list[Plugin]) -> int:

@@ -362,6 +362,13 @@ class BrokerConfig(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _min_disk_free(self) -> BrokerConfig:
+        if self.min_disk_free and (self.data_dir is None or not self.journal):
+            raise ValueError("--min-disk-free needs --data-dir and the journal: without one nothing is written, "
+                             "and there is no disk to keep free")
+        return self
+
+    @model_validator(mode="after")
     def _metrics_port(self) -> BrokerConfig:
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"--metrics-port {self.metrics_port} is also --port (the AMQP listener)")

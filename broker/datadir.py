@@ -61,6 +61,23 @@ def _could_not_make(path: Path) -> str | None:
     return f"cannot create it: {os.strerror(code)}"
 
 
+def disk_free_problem(path: Path, min_free: int) -> str | None:
+    """Why `--min-disk-free min_free` cannot work for a data directory at `path` (judged on the file system of its
+    nearest existing parent), or None: a bound the whole file system does not reach refuses every durable message."""
+    if not min_free:
+        return None
+    here = next((p for p in (path.absolute(), *path.absolute().parents) if p.exists()), Path("/"))
+    try:
+        st = os.statvfs(here)
+    except OSError:
+        return None  # cannot tell: the broker looks again every second
+    total = st.f_blocks * st.f_frsize
+    if min_free >= total:
+        return (f"more than the whole file system of --data-dir ({total} bytes): durable "
+                "messages would never be taken")
+    return None
+
+
 def file_problem(path: Path) -> str | None:
     """Why the broker could not write the file `path` (--log-file, --pid-file; its directory is made if missing),
     judged without writing anything, or None."""

@@ -92,6 +92,11 @@ def test_good_flags_and_good_file_validate(tmp_path: Path) -> None:
         ([], "port = \n", "--config", "not valid TOML"),
         (["--users-file", "/nonexistent/users.toml"], None, "--users-file", "no such file"),
         (["--users-file", "@users"], None, "--users-file", "needs a non-empty password"),
+        (["--min-disk-free", "lots"], None, "--min-disk-free", "'lots' is not a size"),
+        (["--min-disk-free", "1G"], None, "--min-disk-free", "needs --data-dir and the journal"),
+        (["--min-disk-free", "1G", "--data-dir", "/tmp/d", "--no-journal"], None, "--min-disk-free", "the journal"),
+        (["--min-disk-free", "1000T", "--data-dir", "/tmp/never-made-by-validate"], None, "--min-disk-free",
+         "more than the whole file system of --data-dir"),
     ],
 )
 def test_bad_value_exits_2_naming_the_flag(
