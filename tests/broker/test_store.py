@@ -41,6 +41,24 @@ def restart_after_kill(b: BrokerProcess) -> None:
     b.start()
 
 
+def publish_until_refused(url: str, address: str, ids: bool = False) -> tuple[list[int], Delivery]:
+    """Send durable messages of ~10 KiB ("N-yyy...", with ids `order-N`) one at a time until one is not accepted:
+    the numbers accepted, and the delivery that was not (a small disk is full long before 10,000)."""
+    conn = connect(url, timeout=30)
+    accepted: list[int] = []
+    try:
+        s = conn.create_sender(address)
+        for i in range(10_000):
+            d = s.link.send(Message(id=f"order-{i}" if ids else None, body=f"{i}-{'y' * 10_000}", durable=True))
+            conn.wait(lambda d=d: bool(d.remote_state), timeout=30)
+            if d.remote_state != Delivery.ACCEPTED:
+                return accepted, d
+            accepted.append(i)
+    finally:
+        conn.close()
+    raise AssertionError("10,000 messages were all accepted: the disk did not fill up")
+
+
 def test_durable_messages_of_durable_queues_survive_a_kill_in_order(brokers: BrokerFactory) -> None:
     b = brokers()
     durable_queue(b, "orders")
@@ -388,20 +406,8 @@ def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
     durable_queue(b, "full")
     with mgmt(b.url) as m:
         m.call("CREATE", "queue", "memory", {})
-    conn = BlockingConnection(b.url, timeout=30)
-    s = conn.create_sender("full")
-    accepted: list[int] = []
-    refused = None
-    for i in range(10_000):  # ~10 KiB each: the disk is full long before the end
-        d = s.link.send(Message(body=f"{i}-{'y' * 10_000}", durable=True))
-        conn.wait(lambda d=d: bool(d.remote_state), timeout=30)
-        if d.remote_state == Delivery.ACCEPTED:
-            accepted.append(i)
-        else:
-            refused = d
-            break
-    conn.close()
-    assert refused is not None and refused.remote_state == Delivery.REJECTED
+    accepted, refused = publish_until_refused(b.url, "full")
+    assert refused.remote_state == Delivery.REJECTED
     assert refused.remote.condition.name == "amqp:resource-limit-exceeded"
     assert "disk full" in refused.remote.condition.description
     # the refused message is on no queue: its publisher will send it again, and it must not arrive twice
@@ -511,18 +517,7 @@ def test_a_message_refused_by_a_full_disk_is_on_no_queue_of_the_primary_or_its_b
         m.call("CREATE", "exchange", "both", {"exchange-type": "fanout", "arguments": {"durable": True}})
         for q in ("full", "plain"):
             m.call("CREATE", "binding", None, {"source": "both", "destination": q, "binding-key": ""})
-    conn = connect(c[0].url, timeout=30)
-    accepted: list[int] = []
-    try:
-        s = conn.create_sender("both")
-        for i in range(10_000):  # ~10 KiB each: the disk is full long before the end
-            d = s.link.send(Message(body=f"{i}-{'y' * 10_000}", durable=True))
-            conn.wait(lambda d=d: bool(d.remote_state), timeout=30)
-            if d.remote_state != Delivery.ACCEPTED:
-                break
-            accepted.append(i)
-    finally:
-        conn.close()
+    accepted, d = publish_until_refused(c[0].url, "both")
     assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded") and len(accepted) > 10
 
     def numbers(i: int, queue: str) -> list[int]:
@@ -572,18 +567,7 @@ def test_the_resend_of_a_message_a_full_disk_refused_is_taken_by_a_duplicate_win
     b.data_dir = small_disk / "data"
     b.start()
     durable_queue(b, "orders", **{"duplicate-window": 100_000})
-    conn = connect(b.url, timeout=30)
-    accepted: list[int] = []
-    try:
-        s = conn.create_sender("orders")
-        for i in range(10_000):
-            d = s.link.send(Message(id=f"order-{i}", body=f"{i}-{'y' * 10_000}", durable=True))
-            conn.wait(lambda d=d: bool(d.remote_state), timeout=30)
-            if d.remote_state != Delivery.ACCEPTED:
-                break
-            accepted.append(i)
-    finally:
-        conn.close()
+    accepted, d = publish_until_refused(b.url, "orders", ids=True)
     assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded")
     refused = len(accepted)
     ballast.unlink()  # the operator frees space; the publisher sends the refused message again
