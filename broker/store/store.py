@@ -349,6 +349,8 @@ class Store(Extension):
         # Still queued, though the write of their records failed and nobody was refused for them (a backup's
         # replicas, a dead-lettered or moved message): written again with the probe that finds the journal writable
         self.unwritten: list[tuple[Queue, Entry]] = []
+        # `when_synced` callbacks while the journal has failed: run once the probe's write is on disk
+        self.held_after: list[Callable[[], None]] = []
         self.after: list[Callable[[], None]] = []  # callbacks for when this pass's records are on disk
         self.tickets: deque[tuple[int, list[Completion], list[Callable[[], None]]]] = deque()
         self.dequeues: dict[int, list[int]] = {}  # qid -> positions dequeued this pass (written at its end)
@@ -644,7 +646,9 @@ class Store(Extension):
     def when_synced(self, fn: Callable[[], None]) -> None:
         """Call `fn` once everything journaled so far is on disk (now, if it is); dequeues gathered in this pass
         count as journaled (they are written at the end of it)."""
-        if self.journal.pending or self.waiting or self.dequeues:
+        if self.failed is not None:  # what it waits for may be in no write yet (carried, or to be written again)
+            self.held_after.append(fn)
+        elif self.journal.pending or self.waiting or self.dequeues:
             self.after.append(fn)
         elif self.tickets:
             self.tickets[-1][2].append(fn)
@@ -722,8 +726,7 @@ class Store(Extension):
             self._fail(str(e), waiting)
             self._take_back(routes, groups)
             self.unwritten += [(q, m) for q, m in kept if q.entries.get(m.position) is m and not m.flags & PARKED]
-            for fn in after:
-                fn()
+            self.held_after += after  # not on disk: they wait for the write that finds the journal writable
             return False
         if ticket is None or self.journal.synced >= ticket:  # nothing written, or written synchronously
             for c in waiting:
@@ -800,8 +803,7 @@ class Store(Extension):
         while tickets and tickets[0][0] <= ticket:
             _, completions, after = tickets.popleft()
             failed += completions
-            for fn in after:
-                fn()
+            self.held_after += after  # not known on disk: they wait for the write that finds the journal writable
         self._fail(f"journal: fdatasync failed ({error.strerror or error})", failed)
 
     def _fail(self, reason: str, completions: list[Completion]) -> None:
@@ -919,6 +921,8 @@ class Store(Extension):
             for p in q.parked:
                 if not p.seg:
                     self.enqueued(q, p)
+        held, self.held_after = self.held_after, []
+        self.after += held  # run once this write is on disk
         failures = self.failures
         self._commit()  # a failure undoes it all as in a pass (compaction's moves included) and probes again
         if self.failures != failures:

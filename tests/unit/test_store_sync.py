@@ -287,3 +287,29 @@ def test_what_a_failed_write_left_queued_is_written_with_the_probe_that_finds_th
     image, _, _, _ = read_journal(tmp_path / "journal")
     (msgs,) = image.messages.values()
     assert sorted(msgs) == [1, 2]
+
+
+def test_what_waits_for_the_disk_waits_through_a_failed_write_until_the_journal_writes_again(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`when_synced` promises "once everything journaled so far is on disk" (a backup's acknowledgement, a
+    consumer's accept): a failed write keeps no such promise. What waited for it, and what asks while the journal
+    has failed, runs only once the probe's write is on disk."""
+    store = server.store
+    assert store is not None
+    settle(server)
+    q, _ = server.wiring.declare_queue("replicas", {"durable": True})
+    store.journal.append(R.document(R.STATE, {"probe": "x" * 30_000}))
+    store.end_of_pass()
+    settle(server)
+    monkeypatch.setattr(R, "LOC_OFFSET", 40_000)  # the next write fails (SegmentFull), as a full disk would
+    done: list[str] = []
+    for pos in (1, 2):
+        q.enqueue_replica(pos, b"r" * 5_000, 0, DURABLE, 0, None)
+    store.when_synced(lambda: done.append("acknowledge 1-2"))
+    store.end_of_pass()
+    assert store.failed is not None and done == []
+    store.when_synced(lambda: done.append("asked meanwhile"))
+    assert done == []
+    server.engine.run_once(0)  # the probe: a new segment, the replicas written with it
+    settle(server)
+    assert store.failed is None and done == ["acknowledge 1-2", "asked meanwhile"]
