@@ -15,7 +15,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.engine.engine import AFTER_FLUSH_ROUNDS
 from broker.links import Completion
-from broker.queue import DURABLE, DequeueReason
+from broker.queue import DURABLE, DequeueReason, Queue
 from broker.server import Server
 from broker.store import records as R
 from broker.store.journal import INLINE_OFF, INLINE_SYNC_BYTES, INLINE_SYNC_SLOW, segment_name
@@ -264,11 +264,9 @@ def test_a_pass_too_big_for_its_segment_is_refused_and_the_journal_goes_on_in_a_
     assert {pos: m.data[:1] for pos, m in msgs.items()} == {1: b"a", 3: b"c"}
 
 
-def test_what_a_failed_write_left_queued_is_written_with_the_probe_that_finds_the_journal_writable(
-        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A backup's replicas (nobody to refuse: the backup leaves its primary instead) stay queued when their write
-    fails; the probe that finds the journal writable writes them, before the backup rejoins and says what it holds:
-    else a message it keeps in memory would be missing from its journal after a restart."""
+def replicas_whose_write_will_fail(server: Server, monkeypatch: pytest.MonkeyPatch) -> Queue:
+    """A durable queue given replicas at positions 1 and 2 (as a backup's), whose write at the end of the pass will
+    fail (SegmentFull, the 4 GiB scaled down, as a full disk would) while the next segment has room for them."""
     store = server.store
     assert store is not None
     settle(server)
@@ -276,9 +274,20 @@ def test_what_a_failed_write_left_queued_is_written_with_the_probe_that_finds_th
     store.journal.append(R.document(R.STATE, {"probe": "x" * 30_000}))
     store.end_of_pass()
     settle(server)
-    monkeypatch.setattr(R, "LOC_OFFSET", 40_000)  # the next write fails (SegmentFull), as a full disk would
+    monkeypatch.setattr(R, "LOC_OFFSET", 40_000)
     for pos in (1, 2):
         q.enqueue_replica(pos, b"r" * 5_000, 0, DURABLE, 0, None)
+    return q
+
+
+def test_what_a_failed_write_left_queued_is_written_with_the_probe_that_finds_the_journal_writable(
+        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup's replicas (nobody to refuse: the backup leaves its primary instead) stay queued when their write
+    fails; the probe that finds the journal writable writes them, before the backup rejoins and says what it holds:
+    else a message it keeps in memory would be missing from its journal after a restart."""
+    store = server.store
+    assert store is not None
+    q = replicas_whose_write_will_fail(server, monkeypatch)
     store.end_of_pass()
     assert store.failed is not None and sorted(q.entries) == [1, 2] and not q.entries[1].seg
     server.engine.run_once(0)  # the probe: a new segment, and the replicas written with it
@@ -296,15 +305,8 @@ def test_what_waits_for_the_disk_waits_through_a_failed_write_until_the_journal_
     has failed, runs only once the probe's write is on disk."""
     store = server.store
     assert store is not None
-    settle(server)
-    q, _ = server.wiring.declare_queue("replicas", {"durable": True})
-    store.journal.append(R.document(R.STATE, {"probe": "x" * 30_000}))
-    store.end_of_pass()
-    settle(server)
-    monkeypatch.setattr(R, "LOC_OFFSET", 40_000)  # the next write fails (SegmentFull), as a full disk would
+    replicas_whose_write_will_fail(server, monkeypatch)
     done: list[str] = []
-    for pos in (1, 2):
-        q.enqueue_replica(pos, b"r" * 5_000, 0, DURABLE, 0, None)
     store.when_synced(lambda: done.append("acknowledge 1-2"))
     store.end_of_pass()
     assert store.failed is not None and done == []
