@@ -379,12 +379,6 @@ class Backup:
     def _send_acks(self, link: Any, acks: dict[str, PositionSet], dequeues: dict[str, PositionSet]) -> None:
         if link is not self.ack_link or not self.connected:
             return  # that connection is gone: the next one starts from what this broker holds
-        store = self.server.store
-        if store is not None and store.failed is not None:
-            # Nothing is acknowledged while the journal cannot write (what waits for the disk is held:
-            # Store.when_synced); this backup leaves its primary at its end of the pass and rejoins once its journal
-            # writes again.
-            return
         if link.credit <= 0:  # wait for credit: merge back
             for mine, theirs in ((self.pending_acks, acks), (self.pending_dequeues, dequeues)):
                 for name, positions in theirs.items():
