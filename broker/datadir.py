@@ -49,7 +49,7 @@ def _not_writable(path: Path) -> str | None:
 
 def _could_not_make(path: Path) -> str | None:
     """What `mkdir -p path` would fail with, without trying: the nearest existing parent decides."""
-    parent = next((p for p in path.absolute().parents if p.exists()), Path("/"))
+    parent = _nearest_existing(path)
     if not parent.is_dir():
         code = errno.ENOTDIR
     elif _read_only(parent):
@@ -61,14 +61,18 @@ def _could_not_make(path: Path) -> str | None:
     return f"cannot create it: {os.strerror(code)}"
 
 
+def _nearest_existing(path: Path) -> Path:
+    """`path` if it exists, else its nearest existing parent (where `mkdir -p path` would start)."""
+    return next((p for p in (path.absolute(), *path.absolute().parents) if p.exists()), Path("/"))
+
+
 def disk_free_problem(path: Path, min_free: int) -> str | None:
     """Why `--min-disk-free min_free` cannot work for a data directory at `path` (judged on the file system of its
     nearest existing parent), or None: a bound the whole file system does not reach refuses every durable message."""
     if not min_free:
         return None
-    here = next((p for p in (path.absolute(), *path.absolute().parents) if p.exists()), Path("/"))
     try:
-        st = os.statvfs(here)
+        st = os.statvfs(_nearest_existing(path))
     except OSError:
         return None  # cannot tell: the broker looks again every second
     total = st.f_blocks * st.f_frsize
