@@ -386,17 +386,18 @@ class Journal:
         if self.fd < 0:
             self._carry(records, at is not None)
             raise R.JournalError("journal: no segment open")
-        seg, durable = self.durable
-        data = b"".join((*records, R.mark(self.size + self.pending_bytes, durable if seg == self.segment else 0)))
-        if self.size + len(data) > R.LOC_OFFSET:
+        size = self.pending_bytes + R.MARK_SIZE  # what the write below will be, known before it is joined
+        if self.size + size > R.LOC_OFFSET:
             # Only a pass that gathers gigabytes of durable messages (segments of up to 2 GiB, messages of up to
             # 1 GiB) gets here; written, their locations would run into the segment number's bits.
             self._carry(records, at is not None)
             self.overflowed = True
             raise SegmentFull(
-                f"journal: a commit of {len(data)} bytes would take {segment_name(self.segment)} ({self.size} bytes) "
+                f"journal: a commit of {size} bytes would take {segment_name(self.segment)} ({self.size} bytes) "
                 f"past the 4 GiB a segment may hold: its messages are refused, the next commit starts a new segment "
                 f"(lower --journal-segment-bytes or --max-message-size if it happens again)")
+        seg, durable = self.durable
+        data = b"".join((*records, R.mark(self.size + self.pending_bytes, durable if seg == self.segment else 0)))
         self.pending = []
         self.pending_bytes = 0
         now = self.blocked_since = time.monotonic()
