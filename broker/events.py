@@ -429,6 +429,12 @@ _EVENTS: tuple[Event, ...] = (
            U("reason", "`disconnected`, `heartbeat`, `replaced by a new connection`, `its $ha.status link was detached`, "
                        "`its replication link for queue 'NAME' was not attached again in 5 s`"),
            U("released"))),
+    Event("ha.backup.disk.low", _WARN, _H, "(primary) a backup reported its journal's disk under its "
+          "`--min-disk-free`: durable messages for durable queues are refused here with "
+          "`amqp:resource-limit-exceeded` until it reports room again or leaves (RabbitMQ's cluster-wide disk alarm)",
+          (U("backup"), U("description", "the backup's own `journal.disk.low` description"))),
+    Event("ha.backup.disk.ok", _WARN, _H, "(primary) a backup's journal disk has its `--min-disk-free` again after "
+          "`ha.backup.disk.low`: durable messages are taken (unless another disk is low)", (U("backup"),)),
     Event("ha.view.confirmed", _INFO, _H, "(primary, without a coordinator) every ready backup holds the member "
           "list without the ready backup dropped last: the settlements held for it go out (docs/replication.md)",
           (U("seq", "the member list's number (Membership.seq)"), U("names", "the ready backups"),

@@ -268,6 +268,8 @@ def _journal_families(j: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("journal_failed", "1 while journal writes fail (durable messages refused)", int(j["failed"] is not None))
     yield _gauge("journal_disk_low", "1 while the journal's disk is under --min-disk-free (durable messages refused)",
                  int(j.get("low-disk") is not None))
+    yield _gauge("journal_backups_disk_low", "Backups reporting their journal's disk under their --min-disk-free "
+                 "(a primary refuses durable messages while any does)", len(j.get("backups-low-disk") or {}))
     if j.get("disk-free", -1) >= 0:
         yield _gauge("journal_disk_free_bytes", "Bytes free on the journal's file system (looked at every second "
                      "with --min-disk-free)", j["disk-free"])

@@ -362,6 +362,8 @@ def journal_stats(obj: Ctx, data_dir: Path | None, as_json: bool) -> None:
                f"  state           {state}")
     if j.get("disk-free", -1) >= 0:  # watched with --min-disk-free
         click.echo(f"  disk free       {j['disk-free']:,} bytes (--min-disk-free {j.get('min-disk-free', 0):,})")
+    for name, why in sorted((j.get("backups-low-disk") or {}).items()):  # a primary refuses durable messages
+        click.echo(f"  backup {name} DISK LOW: {why} (durable messages are refused)")
 
 
 @journal.command("cut")

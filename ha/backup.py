@@ -79,6 +79,8 @@ class Backup:
         self.pending_acks: dict[str, PositionSet] = {}  # queue -> positions applied, not yet acknowledged
         self.dequeue_acks = False  # the primary reads version-2 acknowledgements: dequeues are acknowledged too
         self.pending_dequeues: dict[str, PositionSet] = {}  # queue -> dequeue ranges applied, not yet acknowledged
+        self.disk_reports = False  # the primary reads disk reports on the acknowledgement link (P.DISK_LOW)
+        self.reported_low_disk: str | None = None  # what the last disk report said (None: not low)
         # Version-3 transaction parts held until their unit is whole, and what waits behind them (ha.core.txnparts)
         self.txn_parts: TxnParts[tuple[QueueReplicator, list[B.Record]]] = TxnParts()
         self.wiring_ready = False
@@ -211,6 +213,8 @@ class Backup:
             log.warning("ha.transaction.discarded", primary=self.primary_name, count=units, batches=batches)
         self.ack_link = None
         self.dequeue_acks = False
+        self.disk_reports = False
+        self.reported_low_disk = None
         self.events_buffer = None
         self.snapshot.clear()
         self.wiring_ready = False
@@ -258,6 +262,7 @@ class Backup:
             self.ack_link = self.sender(P.ACKS_ADDRESS, "ha-acks")
             self.binary_acks = props.get(P.PROP_ACKS_FORMAT) == P.BATCH_VERSION and self.config.ha_batch_bytes > 0
             self.dequeue_acks = self.binary_acks and props.get(P.PROP_DEQUEUE_ACKS) == 1
+            self.disk_reports = props.get(P.PROP_DISK_REPORTS) == 1
         self.reply_link = self.receiver(None, "ha-replies", credit=CONTROL_CREDIT, dynamic=True)
 
     def receiver(self, address: str | None, name: str, credit: int, dynamic: bool = False,
@@ -367,7 +372,11 @@ class Backup:
             self._lost(f"journal cannot write: {store.failed}")
             return
         link = self.ack_link
-        if not (self.pending_acks or self.pending_dequeues) or link is None or not self.connected:
+        if link is None or not self.connected:
+            return
+        if self.disk_reports and store is not None and store.low_disk != self.reported_low_disk:
+            self._report_disk(link, store.low_disk)
+        if not (self.pending_acks or self.pending_dequeues):
             return
         acks, self.pending_acks = self.pending_acks, {}
         dequeues, self.pending_dequeues = self.pending_dequeues, {}
@@ -375,6 +384,13 @@ class Backup:
             self._send_acks(link, acks, dequeues)
         else:
             store.when_synced(lambda: self._send_acks(link, acks, dequeues))
+
+    def _report_disk(self, link: Any, low: str | None) -> None:
+        """Tell the primary this broker's journal disk went under its --min-disk-free (it then refuses durable
+        messages: this broker journals them too) or is over it again. Without credit: at a later pass."""
+        if link.credit > 0:
+            raw.send_settled(link._impl, next(_tags), Message(properties={P.DISK_LOW: low or ""}).encode())
+            self.reported_low_disk = low
 
     def _send_acks(self, link: Any, acks: dict[str, PositionSet], dequeues: dict[str, PositionSet]) -> None:
         if link is not self.ack_link or not self.connected:

@@ -315,6 +315,7 @@ class HaNode(Extension):
             if self.config.ha_batch_bytes > 0:
                 props[P.PROP_ACKS_FORMAT] = P.BATCH_VERSION
                 props[P.PROP_DEQUEUE_ACKS] = 1
+            props[P.PROP_DISK_REPORTS] = 1
         if self.config.ha_public_url:
             props[P.PROP_PUBLIC_URL] = self.config.ha_public_url
         return props
@@ -371,6 +372,8 @@ class HaNode(Extension):
             "journal_failed": self.server.store.failed if self.server.store is not None else None,
             "journal_stalled": self.server.store.stalled() if self.server.store is not None else None,
             "journal_low_disk": self.server.store.low_disk if self.server.store is not None else None,
+            # (primary) backups whose journal disks are under their --min-disk-free: durable messages refused here
+            "backups_low_disk": sorted(self.server.store.backups_low_disk) if self.server.store is not None else [],
             "settle_held": self._settle_held(),
             "members": members,
             "membership_since": self.membership_since,

@@ -119,6 +119,9 @@ class Primary:
                 b.conn.connection.close()
             b.cancel_reattach()
         self.backups.clear()
+        if s.store is not None:
+            for name in list(s.store.backups_low_disk):
+                s.store.backup_low_disk(name, None)
 
     # ----- backups connecting -----------------------------------------------------------------------------------
     def backup_connecting(self, st: ConnectionState) -> None:
@@ -158,6 +161,9 @@ class Primary:
             return
         del self.backups[b.name]
         b.cancel_reattach()
+        store = self.server.store
+        if store is not None:
+            store.backup_low_disk(b.name, None)  # its disk no longer holds back this broker's publishers
         accepts: list[AcceptToken] = []  # consumer accepts that waited for its dequeue acknowledgements
         for s in b.senders.values():
             s.closed = True
@@ -174,7 +180,6 @@ class Primary:
                 self.view_fence_dropped = []
             self.view_fence = self.seq
             self.view_fence_dropped.append(b.name)
-        store = self.server.store
         if coordinated is not None and b.state == HaState.READY:
             # The dropped backup must leave the coordinator's ready set before we settle without it, or it
             # could win an election while lacking these messages. (After update_membership: a second request
@@ -309,6 +314,21 @@ class Primary:
         b = self._backup_of(st)
         log.info("ha.backup.acks", backup=b.name, mode=P.ACKS_BATCHED)
         return AckLink(self, link, st, b)
+
+    def backup_disk(self, b: RemoteBackup, low: str | None) -> None:
+        """A backup's disk report: its journal's disk is under its --min-disk-free (`low`: why) or over it again.
+        While any backup's is under, durable messages for durable queues are refused here as for this broker's own
+        disk (`Store.refusing`): the backup must journal each of them before it acknowledges, and a backup whose
+        disk fills must leave the cluster."""
+        if self.backups.get(b.name) is not b:
+            return
+        if low is not None:
+            log.warning("ha.backup.disk.low", backup=b.name, description=low)
+        else:
+            log.warning("ha.backup.disk.ok", backup=b.name)
+        store = self.server.store
+        if store is not None:  # without a journal here durable messages are taken as any (docs/durability.md)
+            store.backup_low_disk(b.name, low)
 
     # ----- queues -----------------------------------------------------------------------------------------------
     def _watch(self, q: Queue) -> QueueWatch:

@@ -22,6 +22,11 @@ Dequeue acknowledgements: when the primary's connection properties also offer `x
 the backup uses the binary form, the backup attaches its replicating browsers with link property `dequeue-acks: 1`
 and its acknowledgements (version 2) carry the dequeue ranges it applied too. The primary answers a consumer's accept
 (receiver-settle-mode second) only once every such browser of the queue acknowledged the dequeue (ha.core.accepts).
+
+Disk reports: when the primary's connection properties offer `x-understudy-disk-reports: 1`, a backup with batched
+acknowledgements tells it on `$ha.acks` when its journal's disk goes under its --min-disk-free and when it is over it
+again (DISK_LOW); while any backup is under, the primary refuses durable messages for durable queues as it does for
+its own disk (RabbitMQ's disk alarm blocks publishers cluster-wide), before the backup's disk fills and it must leave.
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ PROP_PUBLIC_URL = "x-understudy-public-url"
 PROP_ACKS = "x-understudy-acks"  # a primary that takes batched acknowledgements says ACKS_BATCHED
 PROP_ACKS_FORMAT = "x-understudy-acks-format"  # 1: the primary also reads binary acknowledgements (ha.core.batch)
 PROP_DEQUEUE_ACKS = "x-understudy-dequeue-acks"  # 1: the primary reads version-2 acknowledgements (dequeues too)
+PROP_DISK_REPORTS = "x-understudy-disk-reports"  # 1: the primary reads a backup's disk reports on `$ha.acks`
+
+# A disk report on `$ha.acks`: a message with no body whose application property DISK_LOW is why the backup's journal
+# disk is under its --min-disk-free, or "" once it is not. Sent when that changes (and at connect, if low).
+DISK_LOW = "disk-low"
 
 LINK_BATCH = "batch"  # link property of a replicating browser: the batch format version offered / accepted
 BATCH_VERSION = 1  # ha.core.batch

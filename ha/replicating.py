@@ -91,6 +91,8 @@ class PrimarySide(Protocol):
 
     def check_ready(self, b: RemoteBackup) -> None: ...
 
+    def backup_disk(self, b: RemoteBackup, low: str | None) -> None: ...
+
     def status_link_gone(self, b: RemoteBackup) -> None: ...
 
     def replication_link_gone(self, b: RemoteBackup, name: str) -> None: ...
@@ -580,6 +582,11 @@ class AckLink(LinkHandler):
             else:
                 m = Message()
                 m.decode(data)
+                props: Any = m.properties or {}
+                report = props.get(P.DISK_LOW)
+                if isinstance(report, str):  # a disk report, not an acknowledgement
+                    self.primary.backup_disk(self.backup, report or None)
+                    return
                 body = m.body
                 if not isinstance(body, dict):
                     raise ValueError("body is not a map")

@@ -105,6 +105,7 @@ def collect(url: str, all_members: bool, timeout: float, user: str | None, passw
             "backlog": None, "lag_ms": None, "primary": a.get("primary"), "source": "self",
             "as_of": a.get("time"), "journal_failed": a.get("journal_failed"),
             "journal_stalled": a.get("journal_stalled"), "journal_low_disk": a.get("journal_low_disk"),
+            "backups_low_disk": a.get("backups_low_disk"),
             "settle_held": a.get("settle_held"),
         }
         followed = answers.get(a.get("primary") or "")
@@ -190,7 +191,7 @@ def headline(view: dict[str, Any]) -> tuple[str, str] | None:
 
 
 # A member's conditions that its Note shows in red (`_note`)
-ALARMS = ("journal_failed", "journal_stalled", "journal_low_disk", "settle_held")
+ALARMS = ("journal_failed", "journal_stalled", "journal_low_disk", "backups_low_disk", "settle_held")
 
 
 def _note(m: dict[str, Any]) -> str:
@@ -203,6 +204,9 @@ def _note(m: dict[str, Any]) -> str:
         return f"JOURNAL SYNC STALLED: {m['journal_stalled']}"
     if m.get("journal_low_disk"):  # under --min-disk-free: its own clients' durable messages refused
         return f"DISK LOW: {m['journal_low_disk']}"
+    if m.get("backups_low_disk"):  # a primary: a backup's disk is under its --min-disk-free
+        names = ", ".join(m["backups_low_disk"])
+        return f"DURABLE REFUSED: disk low on backup {names} (under its --min-disk-free)"
     if m.get("settle_held"):  # --ha-min-ready-backups, no lease, a member list unconfirmed: clients wait
         return f"SETTLEMENTS HELD: {m['settle_held']}"
     return "no answer" if m.get("source") == "unreachable" else ""

@@ -333,6 +333,8 @@ class Store(Extension):
         self.stall_halt = stall_halt  # --journal-stall-halt (0: off)
         self.min_disk_free = min_disk_free  # --min-disk-free (0: off)
         self.low_disk: str | None = None  # why durable messages are refused: the disk is under --min-disk-free
+        # A primary's backups whose journal disks are under their --min-disk-free: name -> their reason (ha.primary)
+        self.backups_low_disk: dict[str, str] = {}
         self.disk_free = -1  # free bytes on the journal's disk when last looked at (-1: not watched, or unknown)
         self._disk_watch: Any = None  # the timer of the next `_watch_disk`
         self.directory = directory
@@ -640,8 +642,22 @@ class Store(Extension):
         return False
 
     def refusing(self) -> str | None:
-        """Why durable messages are refused now (None: they are taken)."""
-        return self.failed or self.low_disk
+        """Why durable messages are refused now (None: they are taken): this journal cannot write, or its disk or
+        a backup's is under --min-disk-free (RabbitMQ's disk alarm blocks publishers cluster-wide)."""
+        if self.failed or self.low_disk or not self.backups_low_disk:
+            return self.failed or self.low_disk
+        name = min(self.backups_low_disk)
+        return f"backup {name}: {self.backups_low_disk[name]}"
+
+    def backup_low_disk(self, name: str, why: str | None) -> None:
+        """A primary's backup reported its journal disk under (`why`) or back over (None) its --min-disk-free, or
+        left (None)."""
+        if why is None:
+            if self.backups_low_disk.pop(name, None) is not None:
+                self.server.refresh_refusing()
+        elif self.backups_low_disk.get(name) != why:
+            self.backups_low_disk[name] = why
+            self.server.refresh_refusing()
 
     def when_synced(self, fn: Callable[[], None]) -> None:
         """Call `fn` once everything journaled so far is on disk (now, if it is); dequeues gathered in this pass
@@ -856,7 +872,8 @@ class Store(Extension):
         space than that, and taken again once it has (RabbitMQ's disk alarm, Artemis' max-disk-usage): the broker
         stops taking what it must write before the disk is full, rather than failing a write. Each broker judges
         its own disk; a backup goes on applying what its primary sends (its acknowledgements are what keeps
-        the primary's messages safe) and only its own clients' durable messages are refused."""
+        the primary's messages safe) and tells its primary, which refuses durable messages while any backup's disk
+        is low (`backups_low_disk`; ha.backup's disk reports)."""
         self._disk_watch = self.server.schedule(PROBE_INTERVAL, self._watch_disk)
         free = _free_bytes(self.directory, -1)
         if free < 0:
@@ -1120,6 +1137,7 @@ class Store(Extension):
                             "prepared": self.journal.preparer.prepared if self.journal.preparer else 0,
                             "failed": self.failed, "sync-wait": round(self.sync_wait(), 3),
                             "low-disk": self.low_disk, "disk-free": self.disk_free,
+                            "backups-low-disk": dict(self.backups_low_disk),
                             "min-disk-free": self.min_disk_free,
                             "stalled": self.stalled(),
                             "paged": sum(q.paged_count for q in self.paging),

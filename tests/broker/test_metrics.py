@@ -83,6 +83,7 @@ def test_scrape_shows_depth_bytes_and_counters_of_what_clients_sent_and_consumed
     assert value(s, "understudy_journal_durable_queues") == 1
     assert value(s, "understudy_journal_failed") == 0
     assert value(s, "understudy_journal_disk_low") == 0
+    assert value(s, "understudy_journal_backups_disk_low") == 0
     assert value(s, "understudy_journal_disk_free_bytes") > 1024
     assert 0 <= value(s, "understudy_journal_sync_wait_seconds") < 5  # no sync hangs
     assert value(s, "understudy_memory_limit_bytes") == 64 * 1024 * 1024

@@ -479,26 +479,66 @@ def test_under_min_disk_free_durable_messages_are_refused_until_there_is_room(
     assert drain(b.url, "q") == ["before-1", "after"]
 
 
-def test_a_backup_under_min_disk_free_goes_on_replicating_and_shows_it(
+def durable_outcome(url: str, address: str, body: str) -> Delivery:
+    """One durable message's delivery, as its publisher sees it (accepted or refused; no resend)."""
+    conn = connect(url)
+    try:
+        d = conn.create_sender(address).link.send(Message(body=body, durable=True))
+        conn.wait(lambda: bool(d.remote_state), timeout=10)
+    finally:
+        conn.close()
+    return d
+
+
+def test_a_backup_under_min_disk_free_makes_its_primary_refuse_durable_messages(
     brokers: BrokerFactory, small_disk: Path
 ) -> None:
-    """Each broker judges its own disk: a backup under --min-disk-free journals and acknowledges what its primary
-    sends (refusing would make it leave the cluster, and redundancy with it) and ha-status shows it in red."""
+    """RabbitMQ's disk alarm is cluster-wide: a backup whose journal disk goes under its --min-disk-free stays in
+    the cluster (it journals and acknowledges what it is sent) and tells its primary, which refuses durable
+    messages, naming the backup, until the backup has room again or leaves. Non-durable traffic and consumers carry
+    on; ha-status and `ha-admin journal stats` on the primary say why."""
     c = Cluster(brokers, 2, ["--min-disk-free", "4M"])
     c[1].data_dir = small_disk / "data"  # the backup's journal on an 8 MiB tmpfs
     c.start_with_primary(0)
     durable_queue(c[0], "q")
-    (small_disk / "ballast").write_bytes(bytes(5 << 20))
-    wait_for(lambda: [e for e in c[1].events() if e["event"] == "journal.disk.low"], 5, what="journal.disk.low")
-    bodies = [f"m{i}" for i in range(50)]
-    send(c[0].url, "q", bodies, durable=True)  # each settled only once the ready backup journaled it
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "memory", {})
+    before = [f"m{i}" for i in range(50)]
+    send(c[0].url, "q", before, durable=True)  # each settled only once the ready backup journaled it
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(bytes(5 << 20))
+    wait_for(lambda: [e for e in c[0].events() if e["event"] == "ha.backup.disk.low"], 10,
+             what="the primary told of the backup's low disk")
+    d = durable_outcome(c[0].url, "q", "while-low")
+    assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded")
+    assert d.remote.condition.description.startswith(f"not taken: backup {c[1].name}: the journal's disk has ")
+    send(c[0].url, "memory", ["non-durable traffic still flows"])
+    assert receive(c[0].url, "q", 1) == ["m0"]  # consumers are served
     st = Cluster.status(c[1])
     assert st["state"] == "ready" and "under --min-disk-free 4.0 MiB" in st["journal_low_disk"]
-    assert Cluster.status(c[0])["journal_low_disk"] is None
+    assert Cluster.status(c[0])["journal_low_disk"] is None  # the primary's own disk is not low
+    assert Cluster.status(c[0])["backups_low_disk"] == [c[1].name]
     assert not [e for e in c[0].events() if e["event"] == "ha.backup.lost"]
-    assert c.queue_bodies(1, "q") == bodies
+    wait_for(lambda: c.queue_bodies(1, "memory") == ["non-durable traffic still flows"]
+             and c.queue_bodies(1, "q") == before[1:], 10, what="the backup to go on replicating")
     text = subprocess.run([str(BIN / "ha-status"), "--broker", c[0].url], capture_output=True, text=True, timeout=30)
-    assert "DISK LOW: the journal's disk has" in " ".join(text.stdout.split()), text.stdout
+    flat = " ".join(text.stdout.split())
+    assert "DISK LOW: the journal's disk has" in flat and f"DURABLE REFUSED: disk low on backup {c[1].name}" in flat, flat
+    stats = subprocess.run([str(BIN / "ha-admin"), "--broker", c[0].url, "journal", "stats"], capture_output=True,
+                           text=True, timeout=30)
+    assert f"backup {c[1].name} DISK LOW: the journal's disk has" in " ".join(stats.stdout.split()), stats.stdout
+    ballast.unlink()
+    wait_for(lambda: [e for e in c[0].events() if e["event"] == "ha.backup.disk.ok"], 10, what="ha.backup.disk.ok")
+    assert outcome(durable_outcome(c[0].url, "q", "after"))[0] == Delivery.ACCEPTED
+    wait_for(lambda: c.queue_bodies(1, "q") == [*before[1:], "after"], 10, what="'after' on the backup")
+    ballast.write_bytes(bytes(5 << 20))  # low again; then the backup goes: it no longer holds the primary back
+    wait_for(lambda: len([e for e in c[0].events() if e["event"] == "ha.backup.disk.low"]) == 2, 10,
+             what="the second report")
+    assert outcome(durable_outcome(c[0].url, "q", "refused"))[0] == Delivery.REJECTED
+    c[1].kill()
+    wait_for(lambda: [e for e in c[0].events() if e["event"] == "ha.backup.lost"], 10, what="ha.backup.lost")
+    assert outcome(durable_outcome(c[0].url, "q", "alone"))[0] == Delivery.ACCEPTED
+    assert drain(c[0].url, "q") == [*before[1:], "after", "alone"]
 
 
 def test_a_message_refused_by_a_full_disk_is_on_no_queue_of_the_primary_or_its_backup(
