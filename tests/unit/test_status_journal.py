@@ -1,5 +1,5 @@
 """ha-status shows a member whose journal cannot write (disk full, I/O error), or whose disk is under
---min-disk-free, in its row's note."""
+--min-disk-free (or, on a primary, a backup's is), in its row's note."""
 
 from __future__ import annotations
 
@@ -45,3 +45,15 @@ def test_a_member_under_min_disk_free_says_so_in_its_row() -> None:
             "members": [low, row("b2", "backup", "ready", None)]}
     b1 = next(line for line in shown(view).splitlines() if line.lstrip("│ ").startswith("b1"))
     assert "DISK LOW: the journal's disk has 3.0 MiB free" in b1
+
+
+def test_a_primary_held_back_by_a_backups_low_disk_says_so_in_its_row() -> None:
+    primary = row("b1", "primary", "active", None)
+    primary["backups_low_disk"] = ["b2"]
+    backup = row("b2", "backup", "ready", None)
+    backup["journal_low_disk"] = "the journal's disk has 3.0 MiB free, under --min-disk-free 4.0 MiB: ..."
+    text = shown({"brokers_url": "b1:5672,b2:5672", "public_url": None, "epoch": 3, "primaries": ["b1"],
+                  "members": [primary, backup]})
+    b1 = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("b1"))
+    b2 = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("b2"))
+    assert "DURABLE REFUSED: disk low on backup b2" in b1 and "DISK LOW: the journal's disk has 3.0 MiB" in b2
