@@ -430,7 +430,7 @@ _EVENTS: tuple[Event, ...] = (
                        "`its replication link for queue 'NAME' was not attached again in 5 s`"),
            U("released"))),
     Event("ha.backup.disk.low", _WARN, _H, "(primary) a backup reported its journal's disk under its "
-          "`--min-disk-free`: durable messages for durable queues are refused here with "
+          "`--min-disk-free`: durable messages for durable queues are refused here (a primary with a journal) with "
           "`amqp:resource-limit-exceeded` until it reports room again or leaves (RabbitMQ's cluster-wide disk alarm)",
           (U("backup"), U("description", "the backup's own `journal.disk.low` description"))),
     Event("ha.backup.disk.ok", _WARN, _H, "(primary) a backup's journal disk has its `--min-disk-free` again after "
