@@ -438,6 +438,17 @@ def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
     assert [int(str(x).split("-")[0]) for x in rest[:-1]] == accepted[3:] and rest[-1] == "after"
 
 
+def durable_outcome(url: str, address: str, body: str) -> Delivery:
+    """One durable message's delivery, as its publisher sees it (accepted or refused; no resend)."""
+    conn = connect(url)
+    try:
+        d = conn.create_sender(address).link.send(Message(body=body, durable=True))
+        conn.wait(lambda: bool(d.remote_state), timeout=10)
+    finally:
+        conn.close()
+    return d
+
+
 def test_under_min_disk_free_durable_messages_are_refused_until_there_is_room(
     brokers: BrokerFactory, small_disk: Path
 ) -> None:
@@ -457,12 +468,7 @@ def test_under_min_disk_free_durable_messages_are_refused_until_there_is_room(
     low = wait_for(lambda: [e for e in b.events() if e["event"] == "journal.disk.low"], 5,
                    what="journal.disk.low within a second or two")
     assert low[0]["limit"] == 4 << 20 and 0 < low[0]["free"] < 4 << 20
-    conn = connect(b.url)
-    try:
-        d = conn.create_sender("q").link.send(Message(body="while-low", durable=True))
-        conn.wait(lambda: bool(d.remote_state), timeout=10)
-    finally:
-        conn.close()
+    d = durable_outcome(b.url, "q", "while-low")
     assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded")
     assert "free, under --min-disk-free 4.0 MiB: durable messages are refused" in d.remote.condition.description
     send(b.url, "memory", ["non-durable traffic still flows"])
@@ -477,17 +483,6 @@ def test_under_min_disk_free_durable_messages_are_refused_until_there_is_room(
     send(b.url, "q", ["after"], durable=True)
     restart_after_kill(b)
     assert drain(b.url, "q") == ["before-1", "after"]
-
-
-def durable_outcome(url: str, address: str, body: str) -> Delivery:
-    """One durable message's delivery, as its publisher sees it (accepted or refused; no resend)."""
-    conn = connect(url)
-    try:
-        d = conn.create_sender(address).link.send(Message(body=body, durable=True))
-        conn.wait(lambda: bool(d.remote_state), timeout=10)
-    finally:
-        conn.close()
-    return d
 
 
 def test_a_backup_under_min_disk_free_makes_its_primary_refuse_durable_messages(
