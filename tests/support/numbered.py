@@ -77,8 +77,9 @@ def _close(c: BlockingConnection | None) -> None:
 
 
 def receive(urls: list[str], queue: str, out: str, idle: float, until: int, patience: float = 180.0,
-            redelivered_out: str | None = None, times_out: str | None = None, history_out: str | None = None) -> int:
-    """Gives up when it cannot reconnect for `patience` seconds; with `redelivered_out`, the numbers that came
+            redelivered_out: str | None = None, times_out: str | None = None, history_out: str | None = None,
+            pause: float = 0.0) -> int:
+    """Gives up when it cannot reconnect for `patience` seconds; sleeps `pause` seconds after each message; with `redelivered_out`, the numbers that came
     flagged as possible duplicates (delivery-count > 0) are also written there; with `times_out`, each number with
     the wall-clock time it was received. With `history_out` it consumes in receiver-settle-mode second and writes
     there, in order, "d N" for each delivery and "c N" once the broker confirmed (settled) the accept of N."""
@@ -117,6 +118,8 @@ def receive(urls: list[str], queue: str, out: str, idle: float, until: int, pati
                     else:
                         r.accept()
                     got += 1
+                    if pause:
+                        time.sleep(pause)
                     last = time.monotonic()
                     deadline = last + patience
             except Exception as e:
@@ -165,7 +168,7 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--first", type=int, default=1, help="the first number to send")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--pause", type=float, default=0.0)
+    ap.add_argument("--pause", type=float, default=0.0, help="seconds to sleep after each message sent or received")
     ap.add_argument("--idle", type=float, default=30.0)
     ap.add_argument("--until", type=int, default=0)
     ap.add_argument("--times-out", help="receiver: also write 'number time' of each delivery here")
@@ -181,7 +184,7 @@ def main() -> int:
     if a.mode == "send":
         return send(urls, a.queue, a.count, a.out, a.pause, a.first, a.patience, a.id_prefix, a.timeout, a.pad)
     return receive(urls, a.queue, a.out, a.idle, a.until, a.patience, a.redelivered_out, a.times_out,
-                   a.history_out)
+                   a.history_out, a.pause)
 
 
 if __name__ == "__main__":
