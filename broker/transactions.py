@@ -40,7 +40,7 @@ from proton import Delivery, Described, Message, ulong
 
 from broker.delivery_limit import dead_letter_if_over
 from broker.engine import raw
-from broker.errors import MemoryRefusal, MessageRefused, NoRoute, QueueFull
+from broker.errors import JournalRefusal, MemoryRefusal, MessageRefused, NoRoute, QueueFull
 from broker.links import Completion, ConsumerLink, PublisherLink
 from broker.log import get_logger
 from broker.message import current_key, current_subject, current_to, decode
@@ -267,7 +267,13 @@ class Transactions:
         return routed, list(dequeued)
 
     def _check(self, txn: Transaction) -> None:
-        """Raise MessageRefused unless every held message can be enqueued now (room counted for all of them)."""
+        """Raise MessageRefused unless every held message can be enqueued now (room counted for all of them), and
+        its accepts journaled: while the journal cannot write, one that dequeues a journaled message is rolled back
+        before anything of it is applied (were its commit's write to fail, its accepts would stand in memory,
+        not on disk, and its consumer be told it failed)."""
+        store = self.server.store
+        if store is not None and store.failed is not None and any(t.entry.seg for t in txn.taken):
+            raise JournalRefusal(f"not taken: {store.failed}")
         router = self.server.router
         more: dict[Queue, list[int]] = {}
         for address, data in txn.messages:

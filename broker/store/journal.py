@@ -66,6 +66,16 @@ class SegmentFull(BrokerError):
     condition = "amqp:resource-limit-exceeded"
 
 
+class SyncFailed(R.JournalError):
+    """An fdatasync of the journal failed: nothing written up to commit `ticket` is known to be on disk, and asking
+    again proves nothing (Linux reports a writeback error once per open file, and the pages may be marked clean:
+    PostgreSQL's "fsyncgate"). What waited for those commits is refused, never accepted."""
+
+    def __init__(self, ticket: int, error: OSError) -> None:
+        super().__init__(f"journal: fdatasync failed ({error.strerror or error})")
+        self.ticket, self.error = ticket, error
+
+
 INLINE_SYNC_BYTES = 4096  # a commit this small, with no sync in flight, is synced on the loop (Journal.commit)
 # An inline fdatasync slower than INLINE_SYNC_SLOW seconds (another process's bulk writes on the disk can make one take
 # a second) stalls the loop: heartbeats stop and peers time out. Inline syncs then stay off for INLINE_OFF[0] seconds,
@@ -238,6 +248,7 @@ class Journal:
         self.retired: list[tuple[int, int]] = []  # (fd, last ticket that may name it) of earlier segments: closed
         #                                             once that ticket is synced (the syncer may still be using them)
         self.written = 0  # bytes written since start (stats)
+        self.sync_error: tuple[int, OSError] | None = None  # an inline fdatasync that failed, for the store to report
         self.defer_inline = False  # an inline sync waits for `sync_deferred` (the loop's writes go out first)
         self.deferred: tuple[int, list[int]] | None = None  # (ticket, fds) of an inline sync not yet made
         self.inline_off_until = 0.0  # monotonic time until which syncs go to the thread (a slow inline one was seen)
@@ -261,14 +272,21 @@ class Journal:
             try:
                 os.fdatasync(self.fd)
             except OSError as e:
-                raise _io_error("fdatasync", e) from None
+                raise SyncFailed(self.ticket, e) from None
         path = self.directory / segment_name(number)
         prepared = self.preparer is not None and self.preparer.take(path)
         flags = os.O_WRONLY | os.O_CLOEXEC | (0 if prepared else os.O_CREAT | os.O_TRUNC)
-        fd = os.open(path, flags, 0o600)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as e:  # out of descriptors or inodes: as a failed write, the current segment goes on
+            raise _io_error("open", e) from None
         head = R.header(number)
         try:
             _write_all(fd, head, 0)
+            try:  # the new file's name on disk before anything is written to it: then it becomes the current one
+                _sync_dir(self.directory)
+            except OSError as e:
+                raise _io_error("fsync of the journal's directory", e) from None
         except BrokerError:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -284,7 +302,6 @@ class Journal:
         self.prealloc, self.overflowed = prepared, False
         self.prepare_at = len(head) + (self.segment_size // 2 if prepared else
                                        min(PREPARE_AFTER, self.segment_size // 2))
-        _sync_dir(self.directory)
 
     def reopen(self, number: int, size: int) -> None:
         """Carry on writing an existing segment of `size` valid bytes (anything after is cut)."""
@@ -348,9 +365,10 @@ class Journal:
         self.retired.clear()
 
     # ----- appending -----------------------------------------------------------------------------------------------
-    def _carry(self, records: list[bytes], unit: bool) -> None:
-        """A commit failed: what of it the next one writes first (nothing of a unit)."""
-        kept = [] if unit else R.carried(records)
+    def _carry(self, records: list[bytes], unit_at: int | None) -> None:
+        """A commit failed: what of it the next one writes first (nothing of a unit; what came before it in the
+        pass, and what earlier failed commits carried, is kept as from any commit)."""
+        kept = R.carried(records if unit_at is None else records[:unit_at])
         self.pending, self.pending_bytes = kept, sum(len(r) for r in kept)
 
     def append(self, record: bytes) -> None:
@@ -384,13 +402,13 @@ class Journal:
                 self.pending[at] = R.unit(sum(len(r) for r in self.pending[at + 1:]))
         records = self.pending
         if self.fd < 0:
-            self._carry(records, at is not None)
+            self._carry(records, at)
             raise R.JournalError("journal: no segment open")
         size = self.pending_bytes + R.MARK_SIZE  # what the write below will be, known before it is joined
         if self.size + size > R.LOC_OFFSET:
             # Only a pass that gathers gigabytes of durable messages (segments of up to 2 GiB, messages of up to
             # 1 GiB) gets here; written, their locations would run into the segment number's bits.
-            self._carry(records, at is not None)
+            self._carry(records, at)
             self.overflowed = True
             raise SegmentFull(
                 f"journal: a commit of {size} bytes would take {segment_name(self.segment)} ({self.size} bytes) "
@@ -404,7 +422,7 @@ class Journal:
         try:
             _write_all(self.fd, data, self.size)
         except BrokerError:
-            self._carry(records, at is not None)
+            self._carry(records, at)
             raise
         finally:
             self.blocked_since = 0.0
@@ -434,6 +452,24 @@ class Journal:
             self.syncer.request(self.ticket, fds)
         return self.ticket
 
+    def commit_synced(self) -> int | None:
+        """Write what is pending and fdatasync it on the calling thread, whatever its size (a roll-over's checkpoint:
+        the older segments go only once it is on disk). Raises as `commit`, or SyncFailed."""
+        ticket = self.commit()
+        if ticket is None or self.synced >= ticket:
+            return ticket
+        if self.deferred is not None and self.deferred[0] <= ticket:
+            self.deferred = None  # covered here (the same segment)
+        self.blocked_since = time.monotonic()
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            raise SyncFailed(ticket, e) from None
+        finally:
+            self.blocked_since = 0.0
+        self.mark_synced(ticket, close_retired=False)  # a syncer thread may still be syncing them (its reply closes them)
+        return ticket
+
     def sync_deferred(self) -> int | None:
         """Make the inline sync `commit` left for after the loop's writes; returns its ticket once it is on disk
         (None: none was due, or it failed and the syncer thread reports it)."""
@@ -443,16 +479,19 @@ class Journal:
         return ticket if self._sync_inline(ticket, fds) else None
 
     def _sync_inline(self, ticket: int, fds: list[int]) -> bool:
-        """fdatasync on the calling thread; True once on disk. On an error with a syncer thread, the thread is asked
-        (it fails again there and reports it the usual way) and False is returned; without one, the error is raised."""
+        """fdatasync on the calling thread; True once on disk. On an error with a syncer, False, and the failure
+        waits in `sync_error` for the store (`Store._take_sync_error`): not handed to the syncer, whose fdatasync of the
+        same file would return 0 (the error is reported once) and accept what never reached the disk. Without a
+        syncer, the error is raised."""
         t0 = self.blocked_since = time.monotonic()
         try:
             for fd in fds:
                 os.fdatasync(fd)
-        except OSError:
+        except OSError as e:
             if self.syncer is None:
                 raise
-            self.syncer.request(ticket, fds)
+            if self.sync_error is None or self.sync_error[0] < ticket:
+                self.sync_error = (ticket, e)
             return False
         finally:
             self.blocked_since = 0.0
@@ -462,7 +501,7 @@ class Journal:
             self._slow(took, t0 + took)
         return True
 
-    def mark_synced(self, ticket: int) -> None:
+    def mark_synced(self, ticket: int, close_retired: bool = True) -> None:
         """Everything up to commit `ticket` is on disk."""
         if ticket <= self.synced:
             return
@@ -471,7 +510,7 @@ class Journal:
         while ends and ends[0][0] <= ticket:
             _, segment, size, _ = ends.popleft()
             self.durable = (segment, size)
-        if self.retired and self.retired[0][1] <= ticket:
+        if close_retired and self.retired and self.retired[0][1] <= ticket:
             for fd, _ in [r for r in self.retired if r[1] <= ticket]:
                 os.close(fd)
             self.retired = [r for r in self.retired if r[1] > ticket]

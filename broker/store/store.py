@@ -44,7 +44,7 @@ from broker.message import current_message_id, decode
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
 from broker.queue import AVAILABLE, DEAD, DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
-from broker.store.journal import Journal, segment_name, segment_numbers
+from broker.store.journal import Journal, SyncFailed, segment_name, segment_numbers
 from broker.store.syncproc import SyncProcess
 from broker.wiring import WiringEvent
 
@@ -102,6 +102,17 @@ def _size(n: int) -> str:
         if n >= 1 << shift:
             return f"{n / (1 << shift):.1f} {unit}"
     return f"{n} bytes"
+
+
+def _sync_file(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise R.JournalError(f"journal: fdatasync of {path.name} failed ({e.strerror or e})") from None
 
 
 def _free_bytes(directory: Path, unknown: int = PROBE_HEADROOM) -> int:
@@ -441,6 +452,8 @@ class Store(Extension):
             self.journal.reopen(numbers[-1], last_size)  # cut the torn tail, or the zeros it was not written into
             self.journal.close()
             self.journal = Journal(self.directory, self.segment_bytes)
+        elif numbers:  # the last run's last writes may be in the page cache only: on disk before a newer segment is
+            _sync_file(self.directory / segment_name(numbers[-1]))  # (only the last segment may ever be torn)
         self.segments = numbers
         report.seconds = round(time.monotonic() - t0, 3)
         self.recovered = report
@@ -666,9 +679,7 @@ class Store(Extension):
             self.held_after.append(fn)
         elif self.journal.pending or self.waiting or self.dequeues:
             self.after.append(fn)
-        elif self.tickets:
-            self.tickets[-1][2].append(fn)
-        else:
+        elif not self._hold([], [fn]):
             fn()
 
     # ----- once per pass -------------------------------------------------------------------------------------------
@@ -744,14 +755,34 @@ class Store(Extension):
             self.unwritten += [(q, m) for q, m in kept if q.entries.get(m.position) is m and not m.flags & PARKED]
             self.held_after += after  # not on disk: they wait for the write that finds the journal writable
             return False
-        if ticket is None or self.journal.synced >= ticket:  # nothing written, or written synchronously
+        if not self._hold(waiting, after):  # nothing written, or written synchronously
             for c in waiting:
                 c.release()
             for fn in after:
                 fn()
             return False
-        self.tickets.append((ticket, waiting, after))
+        self._take_sync_error()
+        return ticket is not None
+
+    def _hold(self, waiting: list[Completion], after: list[Callable[[], None]]) -> bool:
+        """Hold them until every write made so far is on disk (a compaction's or a roll-over's too, which no ticket
+        of ours names); False when it is, once what waited for earlier writes has been let go."""
+        j, tickets = self.journal, self.tickets
+        if j.synced >= j.ticket:
+            if tickets:
+                self._synced(j.synced)
+            return False
+        if not tickets or tickets[-1][0] != j.ticket:
+            tickets.append((j.ticket, [], []))
+        tickets[-1][1].extend(waiting)
+        tickets[-1][2].extend(after)
         return True
+
+    def _take_sync_error(self) -> None:
+        """An inline fdatasync failed (`Journal.sync_error`): what waited for it is refused as for the syncer's."""
+        if self.journal.sync_error is not None:
+            (ticket, error), self.journal.sync_error = self.journal.sync_error, None
+            self._sync_failed(ticket, error)
 
     def _unjournal(self, entries: list[Entry]) -> list[tuple[Queue, Entry]]:
         """Their records were not written: they are not journaled (and a parked one waits for the journal).
@@ -799,6 +830,7 @@ class Store(Extension):
         waited for it is released; True if anything was."""
         ticket = self.journal.sync_deferred()
         if ticket is None:
+            self._take_sync_error()
             return False
         self._synced(ticket)
         return True
@@ -926,7 +958,8 @@ class Store(Extension):
                 self.journal.append(R.document(R.STATE, self.state or {"probe": time.time()}))
         except BrokerError as e:
             self.failed = str(e)
-            self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
+            if self._probe is None:  # (a failed sync has scheduled it: `_fail`)
+                self._probe = self.server.schedule(PROBE_INTERVAL, self._retry)
             return
         # What is still queued unwritten goes with the probe: once the journal is declared writable it holds
         # everything this broker keeps (a backup about to rejoin tells its primary what it holds).
@@ -950,11 +983,18 @@ class Store(Extension):
 
     # ----- segments ------------------------------------------------------------------------------------------------
     def _roll(self) -> None:
-        """Start a new segment with a checkpoint of the wiring; drop or compact the oldest segments."""
+        """Start a new segment with a checkpoint of the wiring; once that is on disk (until then the older segments
+        hold the wiring and the duplicate windows), drop or compact the oldest segments. Raises BrokerError."""
         number = (max(self.segments) if self.segments else 0) + 1
-        self.journal.open_segment(number)
-        self.segments.append(number)
-        self._checkpoint()
+        try:
+            self.journal.open_segment(number)
+            self.segments.append(number)
+            self._checkpoint()
+            self.journal.commit_synced()  # with what earlier failed commits carried
+        except SyncFailed as e:  # what was written since the last good fdatasync is not known on disk
+            self._sync_failed(e.ticket, e.error)
+            raise
+        self._synced(self.journal.synced)
         self._tidy()
 
     def _checkpoint(self) -> None:
@@ -1068,8 +1108,11 @@ class Store(Extension):
         entries = self.read(q, items)
         st = self.queues.get(q)
         if st is not None:
-            for e in entries:
-                _count(st.paged, e.seg >> 32, -1)
+            read = {e.position for e in entries}
+            for pos, loc, _ in items:  # each leaves the paged index; one that could not be read leaves the queue
+                _count(st.paged, loc >> 32, -1)
+                if pos not in read:  # (journal.read_failed): nothing live holds its segment back from being dropped
+                    _count(st.live, loc >> 32, -1)
         q.load(entries)
         self.paged_in += len(entries)
         if q.paged is None and not q.parked:

@@ -591,6 +591,36 @@ def test_a_transaction_whose_commit_cannot_be_journaled_leaves_nothing_on_its_qu
     assert drain(b.url, "orders") == []
 
 
+def test_a_transaction_that_consumes_while_the_journal_cannot_write_is_rolled_back_and_its_message_kept(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """While the journal cannot write, a transaction that accepts a durable message is rolled back before any of it
+    is applied, as one that publishes one is: its consumer is told why and the message is still there for it. (It
+    was applied first: had its commit's write failed too, the accept stood in memory and not on disk while its
+    consumer was told the transaction had failed; the message was gone until a restart brought it back.)"""
+    from tests.support.txn import Txn
+
+    (small_disk / "ballast").write_bytes(b"\0" * (5 * 1024 * 1024))
+    b = brokers(start=False)
+    b.data_dir = small_disk / "data"
+    b.start()
+    durable_queue(b, "orders")
+    send(b.url, "orders", ["keep"], durable=True)
+    accepted, d = publish_until_refused(b.url, "orders")  # the journal has failed: the disk is full
+    assert outcome(d)[1] == "amqp:resource-limit-exceeded"
+    conn = connect(b.url, timeout=30)
+    try:
+        receiver = conn.create_receiver("orders", credit=1)
+        assert receiver.receive(timeout=10).body == "keep"
+        txn = Txn(conn)
+        txn.accept(receiver)
+        assert txn.commit() == "failed"
+        assert "journal" in txn.condition.description
+    finally:
+        conn.close()
+    assert [str(x).split("-")[0] for x in drain(b.url, "orders", browse=True)] == ["keep", *map(str, accepted)]
+
+
 def test_the_resend_of_a_message_a_full_disk_refused_is_taken_by_a_duplicate_window(
     brokers: BrokerFactory, small_disk: Path
 ) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +18,8 @@ from proton.utils import BlockingConnection
 from tests.support.amqp import connect, drain, mgmt, send
 from tests.support.bulk import fill, take
 from tests.support.cluster import Cluster, browse
-from tests.support.procs import ROOT, BrokerProcess, wait_for
+from tests.support.numbered import spawn
+from tests.support.procs import BrokerProcess, wait_for
 
 Make = Callable[..., Cluster]
 
@@ -256,12 +255,6 @@ def test_queue_deleted_and_recreated_while_backup_is_away_is_detected_by_uuid(cl
 
 
 # ----- bounded catch-up ---------------------------------------------------------------------------------------------
-def numbered(mode: str, url: str, queue: str, out: Path, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tests.support.numbered", mode, "--urls", url,
-                             "--queue", queue, "--out", str(out), *extra], cwd=ROOT,
-                            stderr=open(out.with_suffix(".err"), "wb"))
-
-
 def lines(path: Path) -> int:
     return len(path.read_text().split()) if path.exists() else 0
 
@@ -280,10 +273,10 @@ def test_catchup_of_100k_messages_under_traffic_finishes_in_bounded_time(cluster
     print(f"\nfilled {n} messages in {time.monotonic() - t0:.1f}s")
     work = c[0].workdir
     acked, received = work / "acked.txt", work / "received.txt"
-    producer = numbered("send", c[0].url, "big", acked, "--count", "1000000", "--pause", "0.002")
+    producer = spawn("send", [c[0].url], "big", acked, "--count", "1000000", "--pause", "0.002")
     # The consumer is paced (at most ~1,000 msg/s) so that the backlog the backup catches up stays ~100k whatever
     # the machine's speed: unpaced, a fast machine drained half of it before the backup started.
-    consumer = numbered("receive", c[0].url, "big", received, "--idle", "60", "--pause", "0.001")
+    consumer = spawn("receive", [c[0].url], "big", received, "--idle", "60", "--pause", "0.001")
     try:
         wait_for(lambda: lines(acked) > 50 and lines(received) > 50, 30, what="traffic to flow")
         s0, r0, t0 = lines(acked), lines(received), time.monotonic()

@@ -78,6 +78,23 @@ def test_a_failed_transaction_unit_keeps_nothing(tmp_path: Path) -> None:
     assert j.pending == [] and j.pending_bytes == 0
 
 
+def test_a_failed_unit_keeps_what_came_before_it_and_what_earlier_failed_writes_carried(tmp_path: Path) -> None:
+    """A durable queue declared while the disk was full, then a transaction's unit that fails too: the queue's
+    record is still written with the next commit (else its messages taken later are not recovered)."""
+    j = Journal(tmp_path)
+    a_pass(j)
+    with pytest.raises(R.JournalError, match="no segment open"):
+        j.commit()  # carried: queue, dequeue, bind, state
+    j.append(R.dequeue(1, 5, 5))  # earlier in the pass than the transaction
+    j.begin_unit()
+    j.append(msg(7))
+    j.append(R.dequeue(1, 6, 6))
+    with pytest.raises(R.JournalError, match="no segment open"):
+        j.commit()
+    assert kinds(j.pending) == ["queue", "dequeue", "bind", "state", "dequeue"]
+    assert j.pending_bytes == sum(len(r) for r in j.pending)
+
+
 def test_a_commit_that_would_take_its_segment_past_the_locations_offsets_is_not_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A message's location keeps its offset in 32 bits (`segment << 32 | offset`): a commit that would take its

@@ -4,11 +4,13 @@ event loop is turned by hand."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,7 @@ from broker.engine.engine import AFTER_FLUSH_ROUNDS
 from broker.links import Completion
 from broker.queue import DURABLE, DequeueReason, Queue
 from broker.server import Server
+from broker.store import journal as J
 from broker.store import records as R
 from broker.store.journal import INLINE_OFF, INLINE_SYNC_BYTES, INLINE_SYNC_SLOW, segment_name
 from broker.store.store import read_journal
@@ -315,3 +318,263 @@ def test_what_waits_for_the_disk_waits_through_a_failed_write_until_the_journal_
     server.engine.run_once(0)  # the probe: a new segment, the replicas written with it
     settle(server)
     assert store.failed is None and done == ["acknowledge 1-2", "asked meanwhile"]
+
+
+# ----- faults of the disk: what was not known on disk is never accepted, what was is never lost ----------------------
+def durable_queue(server: Server, arguments: dict[str, Any] | None = None) -> Queue:
+    store = server.store
+    assert store is not None
+    settle(server)
+    q, _ = server.wiring.declare_queue("orders", {"durable": True, **(arguments or {})})
+    store.end_of_pass()
+    settle(server)
+    return q
+
+
+def a_publisher_waiting(server: Server, q: Queue, position: int) -> Completion:
+    """A client's durable message on `q`, held by the store until its pass is on disk."""
+    store = server.store
+    assert store is not None
+    waiting = Completion(SimpleNamespace(server=server), None)  # type: ignore[arg-type]
+    q.enqueue_replica(position, b"m", 0, DURABLE, 0, None)
+    assert store.hold(waiting, [(q, q.entries[position])])
+    return waiting
+
+
+def failing_once(monkeypatch: pytest.MonkeyPatch, errno_: int = errno.EIO) -> list[int]:
+    """The next fdatasync on this process fails; later ones succeed (Linux reports a writeback error once)."""
+    real, calls = os.fdatasync, []
+
+    def fdatasync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno_, os.strerror(errno_))
+        real(fd)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return calls
+
+
+def test_an_inline_fdatasync_that_fails_refuses_the_message_and_is_not_asked_again(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux reports a writeback error to one fdatasync of a file, then returns 0 (PostgreSQL's "fsyncgate"): a
+    failed sync on the loop is not handed to the sync process, whose fdatasync of the same file would succeed and
+    accept a message that may never have reached the disk. Its publisher is refused; the journal has failed."""
+    store = server.store
+    assert store is not None
+    q = durable_queue(server)
+    waiting = a_publisher_waiting(server, q, 1)
+    store.end_of_pass()
+    assert store.journal.deferred is not None  # small, nothing in flight: synced by the loop after its writes
+    calls = failing_once(monkeypatch)
+    store.sync_deferred()
+    assert calls and waiting.error == ("amqp:resource-limit-exceeded", "journal: fdatasync failed (Input/output error)")
+    assert store.failed is not None and server.refusing
+
+
+def test_a_roll_over_whose_sync_of_the_old_segment_fails_refuses_what_was_written_there(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new segment starts only once the old one is synced; when that fdatasync fails, what was written to the
+    old one since its last good sync (this pass's message, its own sync still owed) is refused, not accepted by
+    the owed sync that the kernel would let pass."""
+    store = server.store
+    assert store is not None
+    q = durable_queue(server)
+    waiting = a_publisher_waiting(server, q, 1)
+    store.journal.overflowed = True  # this pass also rolls over to a new segment
+    first = store.journal.segment
+    failing_once(monkeypatch)
+    store.end_of_pass()
+    store.sync_deferred()  # the sync this pass's commit still owed: it would pass
+    assert waiting.error is not None and waiting.error[0] == "amqp:resource-limit-exceeded"
+    assert store.failed is not None and store.journal.segment == first
+
+
+def test_a_roll_over_drops_no_older_segment_before_its_checkpoint_is_written_and_synced(
+        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until the new segment's checkpoint is on disk, the older segments are what holds the durable wiring, the HA
+    standing and the duplicate windows: a checkpoint that cannot be written (the disk full after the new segment's
+    header) leaves them, and the journal still replays to all of it; so does the probe that writes it later."""
+    store = server.store
+    assert store is not None
+    server.wiring.declare_exchange("x", "direct", {"durable": True})
+    q = durable_queue(server, {"duplicate-window": 1000})
+    server.wiring.bind("x", "orders", "k", {})
+    store.record_state(7, "primary", "active", ready_epoch=7)
+    e = q.enqueue(b"body", durable=True)
+    assert q.dedup is not None
+    q.dedup.add(b"Sorder-42", time.time())
+    store.end_of_pass()
+    settle(server)
+    q.dequeue(e)  # consumed: nothing live in the first segment
+    store.end_of_pass()
+    settle(server)
+    real = J._write_all
+
+    def full(fd: int, data: bytes, size_before: int) -> None:
+        if len(data) > R.HEADER.size:
+            raise J.JournalFull("journal: disk full (test)")
+        real(fd, data, size_before)
+
+    def replayed() -> tuple[list[str], list[str], int, list[bytes]]:
+        image, _, _, _ = read_journal(tmp_path / "journal")
+        (qid,) = image.queues
+        return ([d["name"] for d in image.queues.values()], list(image.exchanges), image.state.get("epoch", 0),
+                [k for k, _ in image.window(qid)])
+
+    monkeypatch.setattr(J, "_write_all", full)
+    store.journal.overflowed = True
+    store.end_of_pass()  # the roll-over: a new segment's header, then its checkpoint fails
+    assert store.failed is not None
+    assert replayed() == (["orders"], ["x"], 7, [b"Sorder-42"])
+    monkeypatch.setattr(J, "_write_all", real)
+    store._retry()  # room again: the probe
+    settle(server)
+    assert store.failed is None
+    assert replayed() == (["orders"], ["x"], 7, [b"Sorder-42"])
+
+
+def test_a_new_segment_that_cannot_be_made_leaves_the_journal_writing_the_current_one(
+        server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of descriptors (EMFILE) while making the next segment: the journal goes on in the one it had (else the
+    store's list of segments and the file written would part, and the next roll-over would truncate a segment of
+    acknowledged messages), and what is taken after is recovered."""
+    store = server.store
+    assert store is not None
+    q = durable_queue(server)
+    first = store.journal.segment
+    real = J._sync_dir
+    calls: list[Path] = []
+
+    def emfile(directory: Path) -> None:
+        calls.append(directory)
+        if len(calls) == 1:
+            raise OSError(errno.EMFILE, "Too many open files")
+        real(directory)
+
+    monkeypatch.setattr(J, "_sync_dir", emfile)
+    store.journal.overflowed = True
+    store.end_of_pass()
+    assert calls and store.failed is not None and store.journal.segment == first == store.segments[-1]
+    assert not (tmp_path / "journal" / segment_name(first + 1)).exists()
+    server.engine.run_once(0)  # the probe, in the next turn (the commit overflowed): a new segment now
+    assert store.failed is None and store.journal.segment == first + 1 == store.segments[-1]
+    taken = [a_publisher_waiting(server, q, p) for p in (1, 2)]
+    store.end_of_pass()
+    settle(server)
+    store.journal.overflowed = True
+    store.end_of_pass()  # and the roll-over after: nothing of the segment they are in is lost
+    settle(server)
+    assert all(t.error is None and t.pending == 0 for t in taken)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (msgs,) = image.messages.values()
+    assert sorted(msgs) == [1, 2]
+
+
+def test_a_restart_syncs_the_last_segment_before_it_makes_a_new_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the last segment may be torn: what a killed broker wrote last may be in the page cache only, so a
+    restart syncs it before a newer segment exists (else a power loss soon after would tear a segment that is no
+    longer the last: damage, and the broker would not start)."""
+    s = Server(BrokerConfig(port=0, data_dir=tmp_path), "unit")
+    assert s.store is not None
+    s.store.recover()
+    s.start()
+    settle(s)
+    s.store.close()
+    s.engine.close()
+    real_open, real_sync = os.open, os.fdatasync
+    names: dict[int, str] = {}
+    seen: list[str] = []
+
+    def opened(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+        fd = real_open(path, flags, *args, **kw)
+        names[fd] = f"{Path(path).name}{' (new)' if flags & os.O_CREAT else ''}"
+        return fd
+
+    def synced(fd: int) -> None:
+        seen.append(f"sync {names.get(fd, '?')}")
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "open", opened)
+    monkeypatch.setattr(os, "fdatasync", synced)
+    s = Server(BrokerConfig(port=0, data_dir=tmp_path), "unit")
+    assert s.store is not None
+    s.store.recover()
+    seen.append("recovered")
+    s.start()
+    settle(s)
+    s.store.close()
+    s.engine.close()
+    assert seen.index(f"sync {segment_name(1)}") < seen.index("recovered")
+
+
+def test_what_waited_through_a_failure_is_answered_only_once_the_probes_roll_over_and_compaction_are_on_disk(
+        tmp_path: Path) -> None:
+    """A consumer's accept waits for its dequeue, which a failed write carried; the probe that finds the journal
+    writable starts a new segment and compacts the oldest, writing the carried records there: the accept is
+    answered only once every write made by then is on disk."""
+    s = Server(BrokerConfig(port=0, data_dir=tmp_path, journal_segment_bytes=64 * 1024), "unit")
+    store = s.store
+    assert store is not None
+    store.recover()
+    s.start()
+    try:
+        j = store.journal
+        q = durable_queue(s)
+        kept = []
+        for _ in range(3):  # three segments of 1 KiB messages
+            kept.append([q.enqueue(b"m" * 1000, durable=True) for _ in range(60)])
+            store.end_of_pass()
+            settle(s)
+            j.overflowed = True
+            store.end_of_pass()
+            settle(s)
+        for e in kept[0][1:]:
+            q.dequeue(e, DequeueReason.ACCEPTED)  # the oldest segment keeps one live message: worth compacting
+        store.end_of_pass()
+        settle(s)
+        good, j.fd = j.fd, os.open(tmp_path / "journal" / segment_name(j.segment), os.O_RDONLY)  # writes fail
+        q.dequeue(kept[1][0], DequeueReason.ACCEPTED)
+        store.end_of_pass()
+        assert store.failed is not None
+        answered: list[tuple[int, int]] = []
+        store.when_synced(lambda: answered.append((j.synced, j.ticket)))
+        os.close(j.fd)
+        j.fd, j.overflowed = good, True  # room again, and time for a new segment
+        store._retry()
+        assert store.failed is None
+        settle(s)
+        assert answered and all(synced == written for synced, written in answered)
+    finally:
+        store.close()
+        s.engine.close()
+
+
+def test_a_paged_message_that_cannot_be_read_back_holds_no_segment_on_disk(server: Server, tmp_path: Path) -> None:
+    """A paged message whose record is unreadable is lost (journal.read_failed), and is no longer counted live: its
+    segment is dropped like any other once the rest of it is consumed, not kept (with every later one) for good."""
+    store = server.store
+    assert store is not None
+    q = durable_queue(server)
+    for i in range(3):
+        q.enqueue(b"body-%d" % i, durable=True)
+    store.end_of_pass()
+    settle(server)
+    first = store.journal.segment
+    store.page_out(q, 1 << 20)
+    assert q.paged is not None and len(q.paged) == 3 and not q.entries
+    (where,) = [loc for pos, loc, _ in q.paged.items() if pos == 2]
+    with open(tmp_path / "journal" / segment_name(first), "r+b") as f:  # its body damaged on disk
+        f.seek((where & R.LOC_OFFSET) + R.ENQUEUE_OVERHEAD)
+        f.write(b"X")
+    store.page_in(q, 1 << 20)
+    assert [e.data for e in q.entries.values()] == [b"body-0", b"body-2"]
+    assert store.live(first) == 2
+    for e in list(q.entries.values()):
+        q.dequeue(e, DequeueReason.ACCEPTED)
+    store.end_of_pass()
+    settle(server)
+    store.journal.overflowed = True
+    store.end_of_pass()  # a roll-over: the first segment has nothing live
+    settle(server)
+    assert first not in store.segments and not (tmp_path / "journal" / segment_name(first)).exists()
