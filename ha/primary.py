@@ -16,7 +16,7 @@ import itertools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from proton import Message
 
@@ -59,7 +59,8 @@ class Primary:
         self.sampler = LagSampler(self.config.ha_lag_sample_max)
         self.expected: set[str] = set(expected)
         self.recovering_since = time.time()
-        self.recovery_held: list[Completion] | None = [] if node.state == HaState.RECOVERING else None
+        self.recovery_held: list[Completion | AcceptToken | _Twice] | None = (
+            [] if node.state == HaState.RECOVERING else None)
         self.previous_epoch = previous_epoch
         # First position of this epoch per queue: a backup from the previous epoch may hold stale positions above.
         self.epoch_start: dict[str, int] = {}
@@ -156,15 +157,17 @@ class Primary:
                 reason = "heartbeat" if _idle_timeout(st) else "disconnected"
                 self._drop_backup(b, reason)
 
-    def _drop_backup(self, b: RemoteBackup, reason: str) -> None:
+    def _drop_backup(self, b: RemoteBackup, reason: str, waited: Sequence[AcceptToken] = ()) -> None:
+        """`waited`: accepts that waited for a replication link of it that is gone already."""
         if self.backups.get(b.name) is not b:
+            _release_all(waited)
             return
         del self.backups[b.name]
         b.cancel_reattach()
         store = self.server.store
         if store is not None:
             store.backup_low_disk(b.name, None)  # its disk no longer holds back this broker's publishers
-        accepts: list[AcceptToken] = []  # consumer accepts that waited for its dequeue acknowledgements
+        accepts: list[AcceptToken] = [*waited]  # consumer accepts that waited for its dequeue acknowledgements
         for s in b.senders.values():
             s.closed = True
             self.to_run.discard(s)
@@ -203,14 +206,28 @@ class Primary:
         self._drop_backup(b, "its $ha.status link was detached")
         conns.close(b.conn, "amqp:connection:forced", "the $ha.status link was detached: connect again")
 
-    def replication_link_gone(self, b: RemoteBackup, name: str) -> None:
-        """A backup's replication link for queue `name` detached while its connection stayed. Settlements of the
-        queue wait for its acknowledgements (the guards) until it attaches again; one that never does (a bug, a
-        peer of another release) would hold them for as long as its connection lives. Give it REATTACH_GRACE
-        seconds, then drop it and close its connection, so that it connects again and catches up."""
-        if self.backups.get(b.name) is b and self.server.connections.is_open(b.conn):
-            _cancel(b.reattach.pop(name, None))
-            b.reattach[name] = self.server.schedule(REATTACH_GRACE, lambda: self._reattach_due(b, name))
+    def replication_link_gone(self, b: RemoteBackup, name: str, waited: Sequence[AcceptToken]) -> None:
+        """A backup's replication link for queue `name` detached while its connection stayed (it refused a batch
+        and attaches again, or a bug, a peer of another release). A ready backup is dropped at once, and its
+        connection closed so that it connects again and catches up: consumer accepts of the queue would otherwise
+        be answered without its dequeue acknowledgement (those that waited for the old link (`waited`), and every
+        one until the link is back), while it stays ready and promotable without the dequeue; they are answered as
+        for any dropped backup (`_drop_backup`). Settlements of publishes wait for its acknowledgements (the
+        guards) until a backup still catching up attaches again; one that never does would hold them for as
+        long as its connection lives: it is given REATTACH_GRACE seconds, then dropped the same way."""
+        conns = self.server.connections
+        if self.backups.get(b.name) is not b or not conns.is_open(b.conn):
+            _release_all(waited)
+            return
+        q = self.server.wiring.queues.get(name)
+        if b.state == HaState.READY and q is not None and not q.deleted and self.replicated(q):
+            self._drop_backup(b, f"its replication link for queue {name!r} was detached while it was ready", waited)
+            conns.close(b.conn, "amqp:connection:forced",
+                        f"the replication link for queue {name!r} was detached: connect again")
+            return
+        _release_all(waited)  # (a backup still catching up is not promotable: accepts do not wait for it)
+        _cancel(b.reattach.pop(name, None))
+        b.reattach[name] = self.server.schedule(REATTACH_GRACE, lambda: self._reattach_due(b, name))
 
     def _reattach_due(self, b: RemoteBackup, name: str) -> None:
         b.reattach.pop(name, None)
@@ -423,13 +440,27 @@ class Primary:
 
     def hold_accept(self, token: AcceptToken, q: Queue) -> bool:
         """A consumer's accept on a replicated queue is answered once the backups that receive its dequeues
-        acknowledged them (and the journal has it): see ha.core.accepts."""
-        if not self.backups or not self.replicated(q):
+        acknowledged them and the journal has it (see ha.core.accepts), or, with no backup to wait for, once the
+        journal has it; and while this primary recovers, once the backups ready before the failover are back (or
+        their wait timed out), as publishes are: one of them may still hold the message, and be promoted next."""
+        if not self.replicated(q):
             return False
         w = self.watches.get(q.name)
-        if w is None or not any(s.dequeue_acks for s in w.senders.values()):
+        backups = self.backups and w is not None and any(s.dequeue_acks for s in w.senders.values())
+        store = self.server.store
+        if not backups and store is None and self.recovery_held is None:
             return False
-        w.hold_accept(token)
+        t: AcceptToken | _Twice = token
+        if self.recovery_held is not None:
+            t = _Twice(token)
+            self.recovery_held.append(t)
+        if backups:
+            assert w is not None
+            w.hold_accept(cast(AcceptToken, t))  # (only released; its flush waits for this journal too)
+        elif store is not None:
+            store.when_synced(t.release)
+        else:
+            t.release()
         return True
 
     def acked(self, b: RemoteBackup, queue: str, positions: PositionSet) -> None:
@@ -610,6 +641,20 @@ class Primary:
 def _cancel(timer: Any) -> None:
     if timer is not None:
         timer.cancel()
+
+
+class _Twice:
+    """An accept two holders release (recovery, and the backups or the journal): answered by the second."""
+
+    __slots__ = ("left", "token")
+
+    def __init__(self, token: AcceptToken) -> None:
+        self.token, self.left = token, 2
+
+    def release(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.token.release()
 
 
 def _release_all(completions: Sequence[AcceptToken]) -> None:

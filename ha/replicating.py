@@ -95,7 +95,7 @@ class PrimarySide(Protocol):
 
     def status_link_gone(self, b: RemoteBackup) -> None: ...
 
-    def replication_link_gone(self, b: RemoteBackup, name: str) -> None: ...
+    def replication_link_gone(self, b: RemoteBackup, name: str, waited: list[AcceptToken]) -> None: ...
 
 
 class QueueWatch:
@@ -168,6 +168,16 @@ class QueueWatch:
                 self.scheduled = True
                 self.primary.changed.append(self)
 
+    def _let_go(self) -> None:
+        """Its queue was deleted in this pass after a delivery to it or an accept of it was held here (the delete
+        let go of what was held before, `GuardBook.forget_queue`): nobody waits for backups to hold a queue that
+        is gone, and the guards of a queue of that name declared again are not this one's."""
+        tokens = [*self.held_tokens, *self.accepts]
+        self.held_positions, self.held_tokens, self.held_bytes, self.accepts = [], [], 0, []
+        self.fresh, self.gone, self.taken, self.returned = [], PositionSet(), [], []
+        for c in tokens:
+            c.release()
+
     def _state_ops(self) -> list[StateOp]:
         """The pass's acquisitions and releases, in order, as ranges and records."""
         taken, released = self.taken, self.returned
@@ -192,6 +202,9 @@ class QueueWatch:
     def flush(self) -> None:
         self.scheduled = False
         p = self.primary
+        if p.watches.get(self.queue) is not self:
+            self._let_go()
+            return
         fresh, self.fresh = self.fresh, []
         if self.held_tokens:
             positions, tokens, nbytes = self.held_positions, self.held_tokens, self.held_bytes
@@ -535,14 +548,19 @@ class ReplicatingSender(LinkHandler):
                     raw.delivery_settle(d)
 
     def on_detached(self) -> None:
-        self.primary.to_run.discard(self)
-        _answer(self.dq_waits.drop())
-        w = self.primary.watches.get(self.queue.name)
-        if w is not None and w.senders.get(self.backup.name) is self:
-            del w.senders[self.backup.name]
-        if self.backup.senders.get(self.queue.name) is self:
-            del self.backup.senders[self.queue.name]
-            self.primary.replication_link_gone(self.backup, self.queue.name)
+        p, b = self.primary, self.backup
+        p.to_run.discard(self)
+        w = p.watches.get(self.queue.name)
+        if w is not None and w.senders.get(b.name) is self:
+            del w.senders[b.name]
+        if not self.closed and not p.server.connections.is_open(b.conn):
+            return  # its whole connection is going: `Primary._drop_backup` answers the accepts that wait for it
+        waited = self.dq_waits.drop()
+        if b.senders.get(self.queue.name) is self:
+            del b.senders[self.queue.name]
+            p.replication_link_gone(b, self.queue.name, waited)
+        else:
+            _answer(waited)
 
 
 def _answer(tokens: list[AcceptToken]) -> None:

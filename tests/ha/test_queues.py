@@ -303,3 +303,35 @@ def test_catchup_of_100k_messages_under_traffic_finishes_in_bounded_time(cluster
     held = wait_same(c, "big", limit=BROWSABLE + 1, timeout=60)
     assert len(held) == BROWSABLE
     assert held[0][1] >= 1_000_001 and held[-1][1] < 1_000_001  # the filled messages, then the live producer's
+
+
+def test_a_queue_deleted_in_the_pass_that_took_a_message_for_it_holds_nobody(cluster: Make) -> None:
+    """An auto-delete queue loses its last consumer in the same read (the same pass of the primary) as a publish to
+    it: the publish was held for the backups, then the queue deleted. It is settled, the backup's backlog stays
+    empty, and a queue of that name declared again, and every other queue, replicate and settle as before (the
+    held delivery waited for good, and the queue's next guard raised in the primary's end of pass)."""
+    c = cluster(2)
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "ad", {"auto-delete": True})
+    conn = connect(c[0].url)
+    try:
+        sender = conn.create_sender("ad")
+        receiver = conn.create_receiver("ad", credit=10)
+        time.sleep(0.3)
+        d = sender.link.send(Message(body="last"))  # one write to the socket with the detach below
+        receiver.link.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not d.settled:
+            conn.container.process()
+            time.sleep(0.01)
+        assert d.settled
+    finally:
+        conn.close()
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "ad", {})
+        m.call("CREATE", "queue", "other", {})
+    for q in ("ad", "other"):
+        send(c[0].url, q, [f"{q}-1"], timeout=10)
+        wait_for(lambda q=q: c.queue_bodies(1, q) == [f"{q}-1"], 10, what=f"{q} replicated")
+    assert "does not grow" not in Path(c[0].log_file).read_text()
