@@ -59,6 +59,17 @@ def publish_until_refused(url: str, address: str, ids: bool = False) -> tuple[li
     raise AssertionError("10,000 messages were all accepted: the disk did not fill up")
 
 
+def broker_on_a_small_disk(brokers: BrokerFactory, small_disk: Path) -> tuple[BrokerProcess, Path]:
+    """A broker whose journal is on the 8 MiB tmpfs, 5 MiB of it taken by a ballast file (returned: what else
+    fills the disk, for the operator to free)."""
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(b"\0" * (5 * 1024 * 1024))
+    b = brokers(start=False)
+    b.data_dir = small_disk / "data"
+    b.start()
+    return b, ballast
+
+
 def test_durable_messages_of_durable_queues_survive_a_kill_in_order(brokers: BrokerFactory) -> None:
     b = brokers()
     durable_queue(b, "orders")
@@ -398,11 +409,7 @@ def test_a_segment_whose_one_live_message_is_big_is_not_compacted(brokers: Broke
 def test_a_full_disk_refuses_durable_messages_and_loses_nothing_acknowledged(
     brokers: BrokerFactory, small_disk: Path
 ) -> None:
-    ballast = small_disk / "ballast"
-    ballast.write_bytes(b"\0" * (5 * 1024 * 1024))  # what else fills the disk; the operator frees it later
-    b = brokers(start=False)
-    b.data_dir = small_disk / "data"
-    b.start()
+    b, ballast = broker_on_a_small_disk(brokers, small_disk)  # the operator frees the ballast later
     durable_queue(b, "full")
     with mgmt(b.url) as m:
         m.call("CREATE", "queue", "memory", {})
@@ -570,10 +577,7 @@ def test_a_transaction_whose_commit_cannot_be_journaled_leaves_nothing_on_its_qu
     is refused and none of its messages may reach a consumer."""
     from tests.support.txn import Txn
 
-    (small_disk / "ballast").write_bytes(b"\0" * (5 * 1024 * 1024))
-    b = brokers(start=False)
-    b.data_dir = small_disk / "data"
-    b.start()
+    b, _ = broker_on_a_small_disk(brokers, small_disk)
     durable_queue(b, "orders")
     send(b.url, "orders", ["before"], durable=True)
     conn = connect(b.url, timeout=30)
@@ -600,10 +604,7 @@ def test_a_transaction_that_consumes_while_the_journal_cannot_write_is_rolled_ba
     consumer was told the transaction had failed; the message was gone until a restart brought it back.)"""
     from tests.support.txn import Txn
 
-    (small_disk / "ballast").write_bytes(b"\0" * (5 * 1024 * 1024))
-    b = brokers(start=False)
-    b.data_dir = small_disk / "data"
-    b.start()
+    b, _ = broker_on_a_small_disk(brokers, small_disk)
     durable_queue(b, "orders")
     send(b.url, "orders", ["keep"], durable=True)
     accepted, d = publish_until_refused(b.url, "orders")  # the journal has failed: the disk is full
@@ -626,11 +627,7 @@ def test_the_resend_of_a_message_a_full_disk_refused_is_taken_by_a_duplicate_win
 ) -> None:
     """A queue with a duplicate window drops a resend whose id it has seen: the id of a message refused because its
     write failed must not count as seen, or the publisher's resend would be confirmed and stored nowhere."""
-    ballast = small_disk / "ballast"
-    ballast.write_bytes(b"\0" * (5 * 1024 * 1024))
-    b = brokers(start=False)
-    b.data_dir = small_disk / "data"
-    b.start()
+    b, ballast = broker_on_a_small_disk(brokers, small_disk)
     durable_queue(b, "orders", **{"duplicate-window": 100_000})
     accepted, d = publish_until_refused(b.url, "orders", ids=True)
     assert outcome(d) == (Delivery.REJECTED, "amqp:resource-limit-exceeded")
