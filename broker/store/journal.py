@@ -284,7 +284,7 @@ class Journal:
         try:
             _write_all(fd, head, 0)
             try:  # the new file's name on disk before anything is written to it: then it becomes the current one
-                _sync_dir(self.directory)
+                sync_path(self.directory)
             except OSError as e:
                 raise _io_error("fsync of the journal's directory", e) from None
         except BrokerError:
@@ -566,8 +566,9 @@ def _io_error(what: str, e: OSError) -> BrokerError:
     return R.JournalError(f"journal: {what} failed ({e.strerror or e})")
 
 
-def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def sync_path(path: Path) -> None:
+    """fsync a segment or the journal's directory by its path, through a descriptor of its own (raises OSError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -44,7 +44,7 @@ from broker.message import current_message_id, decode
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
 from broker.queue import AVAILABLE, DEAD, DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
 from broker.store import records as R
-from broker.store.journal import Journal, SyncFailed, segment_name, segment_numbers
+from broker.store.journal import Journal, SyncFailed, segment_name, segment_numbers, sync_path
 from broker.store.syncproc import SyncProcess
 from broker.wiring import WiringEvent
 
@@ -102,17 +102,6 @@ def _size(n: int) -> str:
         if n >= 1 << shift:
             return f"{n / (1 << shift):.1f} {unit}"
     return f"{n} bytes"
-
-
-def _sync_file(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise R.JournalError(f"journal: fdatasync of {path.name} failed ({e.strerror or e})") from None
 
 
 def _free_bytes(directory: Path, unknown: int = PROBE_HEADROOM) -> int:
@@ -453,7 +442,11 @@ class Store(Extension):
             self.journal.close()
             self.journal = Journal(self.directory, self.segment_bytes)
         elif numbers:  # the last run's last writes may be in the page cache only: on disk before a newer segment is
-            _sync_file(self.directory / segment_name(numbers[-1]))  # (only the last segment may ever be torn)
+            last = self.directory / segment_name(numbers[-1])  # (only the last segment may ever be torn)
+            try:
+                sync_path(last)
+            except OSError as e:
+                raise R.JournalError(f"journal: fsync of {last.name} failed ({e.strerror or e})") from None
         self.segments = numbers
         report.seconds = round(time.monotonic() - t0, 3)
         self.recovered = report

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -442,7 +442,7 @@ def test_a_new_segment_that_cannot_be_made_leaves_the_journal_writing_the_curren
     assert store is not None
     q = durable_queue(server)
     first = store.journal.segment
-    real = J._sync_dir
+    real = J.sync_path
     calls: list[Path] = []
 
     def emfile(directory: Path) -> None:
@@ -451,7 +451,7 @@ def test_a_new_segment_that_cannot_be_made_leaves_the_journal_writing_the_curren
             raise OSError(errno.EMFILE, "Too many open files")
         real(directory)
 
-    monkeypatch.setattr(J, "_sync_dir", emfile)
+    monkeypatch.setattr(J, "sync_path", emfile)
     store.journal.overflowed = True
     store.end_of_pass()
     assert calls and store.failed is not None and store.journal.segment == first == store.segments[-1]
@@ -482,7 +482,7 @@ def test_a_restart_syncs_the_last_segment_before_it_makes_a_new_one(tmp_path: Pa
     settle(s)
     s.store.close()
     s.engine.close()
-    real_open, real_sync = os.open, os.fdatasync
+    real_open, real_datasync, real_sync = os.open, os.fdatasync, os.fsync
     names: dict[int, str] = {}
     seen: list[str] = []
 
@@ -491,12 +491,15 @@ def test_a_restart_syncs_the_last_segment_before_it_makes_a_new_one(tmp_path: Pa
         names[fd] = f"{Path(path).name}{' (new)' if flags & os.O_CREAT else ''}"
         return fd
 
-    def synced(fd: int) -> None:
-        seen.append(f"sync {names.get(fd, '?')}")
-        real_sync(fd)
+    def synced(real: Callable[[int], None]) -> Callable[[int], None]:
+        def sync(fd: int) -> None:
+            seen.append(f"sync {names.get(fd, '?')}")
+            real(fd)
+        return sync
 
     monkeypatch.setattr(os, "open", opened)
-    monkeypatch.setattr(os, "fdatasync", synced)
+    monkeypatch.setattr(os, "fdatasync", synced(real_datasync))
+    monkeypatch.setattr(os, "fsync", synced(real_sync))
     s = Server(BrokerConfig(port=0, data_dir=tmp_path), "unit")
     assert s.store is not None
     s.store.recover()
