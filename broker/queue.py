@@ -128,6 +128,14 @@ def _pageable(o: QueueOptions) -> bool:
             and o.priority_levels == 1)
 
 
+def pageable(arguments: dict[str, Any]) -> bool:
+    """Can a queue declared with `arguments` page (False for arguments no queue takes)?"""
+    try:
+        return _pageable(QueueOptions.from_arguments(arguments))
+    except (TypeError, ValueError):  # BadArgument among them
+        return False
+
+
 def _merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(ranges):
@@ -237,6 +245,11 @@ class Queue:
         return len(self.entries) + paged.count if paged is not None else len(self.entries)
 
     @property
+    def all_bytes(self) -> int:
+        """Bytes of the bodies queued, in memory and paged."""
+        return self.bytes + self.paged.bytes if self.paged is not None else self.bytes
+
+    @property
     def paged_count(self) -> int:
         return self.paged.count if self.paged is not None else 0
 
@@ -318,9 +331,9 @@ class Queue:
             return True
         if o.lvq_key is not None:
             return True  # a replacement needs no room; enqueue() decides
-        if o.max_count is not None and len(self.entries) + 1 > o.max_count:
+        if o.max_count is not None and self.depth + 1 > o.max_count:  # paged ones too (limits set later)
             return False
-        return not (o.max_size is not None and self.bytes + size > o.max_size)
+        return not (o.max_size is not None and self.all_bytes + size > o.max_size)
 
     def level_of(self, priority: int) -> int:
         n = self._levels
@@ -554,8 +567,8 @@ class Queue:
         opts = self.options
 
         def over() -> bool:
-            return (opts.max_count is not None and len(self.entries) + 1 > opts.max_count) or (
-                opts.max_size is not None and self.bytes + size > opts.max_size
+            return (opts.max_count is not None and self.depth + 1 > opts.max_count) or (
+                opts.max_size is not None and self.all_bytes + size > opts.max_size
             )
 
         if not over():
@@ -881,13 +894,14 @@ class Queue:
         return n
 
     def rebuild_last_values(self, key_of: Any) -> None:
-        """Recompute the last-value index with `key_of(entry)` (a backup's replica never applied replacements:
-        done once when it is promoted)."""
+        """Recompute the last-value index with `key_of(data, lvq_key)` (a backup's replica never applied
+        replacements: done once when it is promoted; and for what a restart recovered)."""
         self._lvq.clear()
-        if self.options.lvq_key is None:
+        name = self.options.lvq_key
+        if name is None:
             return
         for e in self._ordered():
-            k = key_of(e)
+            k = key_of(e.data, name)
             e.key = k
             if k is not None:
                 self._lvq[k] = e

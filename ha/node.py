@@ -264,8 +264,7 @@ class HaNode(Extension):
         for q in self.server.wiring.queues.values():
             q.locked = False
             if q.options.lvq_key is not None:  # a replica never applied replacements: index its keys now
-                key = q.options.lvq_key
-                q.rebuild_last_values(lambda e, k=key: last_value_key_of(e.data, k))
+                q.rebuild_last_values(last_value_key_of)
             if q in self.server.consumers:
                 self.server.wake_queue(q)
         self.primary = Primary(self, list(a.expected), a.previous_epoch)

@@ -40,9 +40,20 @@ from broker.dedup import key as id_key
 from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.message import current_message_id, decode
+from broker.message import current_message_id, decode, last_value_key_of
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
-from broker.queue import AVAILABLE, DEAD, DURABLE, PAGED, PARKED, REDELIVERED, DequeueReason, Entry, Queue
+from broker.queue import (
+    AVAILABLE,
+    DEAD,
+    DURABLE,
+    PAGED,
+    PARKED,
+    REDELIVERED,
+    DequeueReason,
+    Entry,
+    Queue,
+    pageable,
+)
 from broker.store import records as R
 from broker.store.journal import Journal, SyncFailed, segment_name, segment_numbers, sync_path
 from broker.store.syncproc import SyncProcess
@@ -170,6 +181,7 @@ class Image:
         # qid -> position -> the message as the queue will hold it (its level not yet capped to the queue's)
         self.messages: dict[int, dict[int, Entry]] = {}
         self.paged: dict[int, PageIndex] = {}
+        self.unpageable: set[int] = set()  # queues whose messages are all kept in memory (priority, limits, LVQ)
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.bindings: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.state: dict[str, Any] = {}
@@ -205,7 +217,7 @@ class Image:
         index = self.paged.get(qid)
         if index is not None:
             index.remove_range(pos, pos)
-        if self.budget and (index is not None or self.memory > self.budget):
+        if self.budget and (index is not None or self.memory > self.budget) and qid not in self.unpageable:
             if index is None:
                 index = self.paged[qid] = PageIndex()
             index.add(pos, loc, size)
@@ -237,6 +249,10 @@ class Image:
                 self._forget(qid)
                 self.messages[qid] = {}
             self.queues[qid] = doc
+            if pageable(doc.get("arguments") or {}):
+                self.unpageable.discard(qid)
+            else:
+                self.unpageable.add(qid)
         elif kind == R.UNQUEUE:
             qid = rec.qid()
             self.queues.pop(qid, None)
@@ -407,12 +423,17 @@ class Store(Extension):
             q, _ = wiring.declare_queue(doc["name"], doc.get("arguments") or {}, uuid=doc.get("uuid"))
             state = self._track(q, qid)
             kept, index = image.split(qid)
+            if index is not None and not q.pageable:  # paged before its arguments changed: all back in memory
+                kept += self.read(q, list(index.items()))
+                index = None
             before = q.bytes
             restored = q.restore(kept)
             for seg, n in Counter(e.seg >> 32 for e in restored).items():
                 _count(state.live, seg, n)
             report.messages += len(restored)
             report.bytes += q.bytes - before  # restore counted them
+            if q.options.lvq_key is not None:
+                q.rebuild_last_values(last_value_key_of)  # a message published after the restart replaces its key's recovered one
             if index is not None:
                 q.paged = index
                 q.plain = False
@@ -423,6 +444,7 @@ class Store(Extension):
                     report.bytes += size
                 report.messages += index.count
                 report.paged += index.count
+                q.next_position = max(q.next_position, (index.last() or 0) + 1)  # (restore saw the kept ones)
             q.next_position = max(q.next_position, int(doc.get("next", 1)))
             window = image.window(qid)
             if window and q.dedup is not None:

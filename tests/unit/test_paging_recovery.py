@@ -1,0 +1,174 @@
+"""A restart of a broker with `--max-memory` whose journal holds more than the bound: what recovery pages, and what
+the queues do with it afterwards. A real Server and journal on disk; the event loop is turned by hand."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from proton import Message
+
+from broker.config import BrokerConfig
+from broker.errors import QueueFull
+from broker.message import last_value_key_of
+from broker.queue import DequeueReason, Queue
+from broker.server import Server
+
+BOUND = 100_000  # --max-memory: recovery reads ~32 KB of bodies, the rest is only indexed
+
+
+def start(data_dir: Path, max_memory: int = BOUND) -> Server:
+    s = Server(BrokerConfig(port=0, data_dir=data_dir, max_memory=max_memory), "unit")
+    assert s.store is not None
+    s.start()
+    return s
+
+
+def commit(s: Server) -> None:
+    """End the pass and wait for its sync."""
+    store = s.store
+    assert store is not None
+    store.end_of_pass()
+    deadline = time.monotonic() + 5
+    while store.tickets and time.monotonic() < deadline:
+        s.engine.run_once(0.02)
+    assert not store.tickets
+
+
+RUNNING: list[Server] = []
+
+
+def stop(s: Server) -> None:
+    assert s.store is not None
+    RUNNING.remove(s)
+    s.store.close()
+    s.engine.close()
+
+
+@pytest.fixture
+def restart(tmp_path: Path) -> Iterator[list[Server]]:
+    """Servers started on tmp_path, stopped at the end if the test did not (a test appends each one it starts)."""
+    yield RUNNING
+    for s in list(RUNNING):
+        stop(s)
+
+
+def body(i: int, pad: int = 1000) -> bytes:
+    return f"{i:05d}".encode() + b"x" * pad
+
+
+def drain(s: Server, q: Queue) -> list[bytes]:
+    """Every message of `q` in delivery order, read back from the journal as a consumer would have them."""
+    assert s.store is not None
+    got: list[bytes] = []
+    while True:
+        if q.paged is not None and not q.has_available():
+            s.store.page_in(q, 1 << 30)
+        e = q.acquire_next()
+        if e is None:
+            return got
+        got.append(e.data[:5])
+        q.dequeue(e, DequeueReason.ACCEPTED)
+
+
+def test_a_message_taken_after_a_restart_gets_a_position_above_the_paged_ones_and_both_are_kept(
+        tmp_path: Path, restart: list[Server]) -> None:
+    """Recovery keeps the oldest messages in memory and indexes the rest: the next message must not take the
+    position of a paged one (it collided with it: the store's pass raised, and at the next restart the new
+    record replaced the old message)."""
+    s = start(tmp_path)
+    restart.append(s)
+    q, _ = s.wiring.declare_queue("orders", {"durable": True})
+    for i in range(200):
+        q.enqueue(body(i), durable=True)
+    commit(s)
+    stop(s)
+
+    s = start(tmp_path)
+    restart.append(s)
+    q = s.wiring.queues["orders"]
+    assert q.paged is not None and q.paged_count > 100, "the test needs a restart that pages"
+    q.enqueue(b"after" + b"x" * 1000, durable=True)
+    commit(s)
+    stop(s)
+
+    s = start(tmp_path)
+    restart.append(s)
+    q = s.wiring.queues["orders"]
+    assert drain(s, q) == [body(i)[:5] for i in range(200)] + [b"after"]
+
+
+def test_queues_that_cannot_page_are_recovered_whole_in_memory(tmp_path: Path, restart: list[Server]) -> None:
+    """Priority, max-count and last-value queues never page (their order, limits and replacements need every
+    message in memory): recovery reads them whole, whatever the bound."""
+    s = start(tmp_path)
+    restart.append(s)
+    prio, _ = s.wiring.declare_queue("prio", {"durable": True, "priority-levels": 10})
+    limited, _ = s.wiring.declare_queue("limited", {"durable": True, "max-count": 100})
+    for _ in range(100):
+        prio.enqueue(b"low  " + b"x" * 1000, priority=0, durable=True)
+    prio.enqueue(b"HIGH " + b"x" * 1000, priority=9, durable=True)
+    for i in range(100):
+        limited.enqueue(body(i), durable=True)
+    commit(s)
+    stop(s)
+
+    s = start(tmp_path)
+    restart.append(s)
+    prio, limited = s.wiring.queues["prio"], s.wiring.queues["limited"]
+    assert prio.paged_count == limited.paged_count == 0
+    e = prio.acquire_next()
+    assert e is not None and e.data[:5] == b"HIGH "
+    assert limited.depth == 100
+    with pytest.raises(QueueFull):
+        limited.enqueue(b"one too many", durable=True)
+
+
+def test_a_queue_given_a_limit_while_paged_counts_its_paged_messages_and_is_recovered_whole(
+        tmp_path: Path, restart: list[Server]) -> None:
+    """max-count set on a queue whose messages are paged: the limit counts them, and a restart reads them back (the
+    queue can no longer page)."""
+    s = start(tmp_path)
+    restart.append(s)
+    q, _ = s.wiring.declare_queue("orders", {"durable": True})
+    for i in range(200):
+        q.enqueue(body(i), durable=True)
+    commit(s)
+    assert s.memory is not None
+    s.memory._next = 0.0
+    s.memory.end_of_pass()  # its check: pages the queue out beyond the bound
+    assert q.paged_count > 0, "the test needs paged messages"
+    s.wiring.update_queue("orders", {"max-count": 200})
+    with pytest.raises(QueueFull):
+        q.enqueue(b"one too many", durable=True)
+    commit(s)
+    stop(s)
+
+    s = start(tmp_path)
+    restart.append(s)
+    q = s.wiring.queues["orders"]
+    assert q.paged_count == 0 and len(q.entries) == 200
+    assert drain(s, q) == [body(i)[:5] for i in range(200)]
+
+
+def test_a_last_value_queue_replaces_what_a_restart_recovered(tmp_path: Path, restart: list[Server]) -> None:
+    def value(k: str, v: str) -> bytes:
+        return bytes(Message(body=v, durable=True, properties={"k": k}).encode())
+
+    s = start(tmp_path)
+    restart.append(s)
+    q, _ = s.wiring.declare_queue("prices", {"durable": True, "lvq-key": "k"})
+    for k in ("a", "b"):
+        d = value(k, "old")
+        q.enqueue(d, durable=True, key=last_value_key_of(d, "k"))
+    commit(s)
+    stop(s)
+
+    s = start(tmp_path)
+    restart.append(s)
+    q = s.wiring.queues["prices"]
+    d = value("a", "new")
+    q.enqueue(d, durable=True, key=last_value_key_of(d, "k"))
+    assert q.depth == 2  # a: new, b: old
