@@ -402,8 +402,12 @@ _EVENTS: tuple[Event, ...] = (
           (U("segment"),)),
     Event("journal.segment.compacted", _INFO, _S, "the few live messages of an old segment were written again "
           "at the end of the journal; the segment is dropped at the next roll", (U("segment"), U("moved"))),
+    Event("journal.read_error", _ERR, _S, "paged messages (`--max-memory`) of `queue` could not be read back from "
+          "journal segment `segment` (an I/O error): they stay paged and are read again a second later; a backup "
+          "catching up on the queue is disconnected and tries again",
+          (U("queue"), U("count", "messages not read"), U("segment"), U("description"))),
     Event("journal.read_failed", _ERR, _S, "messages paged to disk (`--max-memory`) could not be read back from "
-          "the journal: they are lost from `queue`",
+          "the journal: their records are damaged, and they are lost from `queue`",
           (U("queue"), U("count", "messages lost"), U("positions"), U("description"))),
     Event("memory.over", _WARN, _S, "queued messages take more than `--max-memory`: durable queues page their "
           "newest messages to the journal; what cannot be paged is refused (`amqp:resource-limit-exceeded`); one "

@@ -82,7 +82,13 @@ class MemoryBound(Extension):
         if store is not None and store.paging:
             for q in list(store.paging):
                 if q.paged is not None and q in self.server.consumers and q._available < FEED_BELOW:
-                    did = store.page_in(q, FEED_BYTES) > 0 or did
+                    # Bytes too: a few big messages are enough to go on (those held by consumers do not count).
+                    room = FEED_BYTES - in_memory(q, True) * q._available // max(len(q.entries), 1)
+                    if room > 0:
+                        fed = store.page_in(q, room)
+                        if fed:
+                            q.fed = q.top_in_memory()  # not paged out again while its consumers are there
+                            did = True
         now = time.monotonic()
         if now < self._next:
             return did
@@ -114,10 +120,11 @@ class MemoryBound(Extension):
         freed = 0
         queues: list[Queue] = [q for q in store.queues if q.pageable and q.entries]
         queues.sort(key=lambda q: in_memory(q, True), reverse=True)
+        consumers = self.server.consumers
         for q in queues:
             if freed >= want:
                 break
-            freed += store.page_out(q, want - freed)
+            freed += store.page_out(q, want - freed, q.fed if q in consumers else 0)
         return freed
 
     def _page_in(self, store: Any, room: int) -> int:
@@ -126,8 +133,8 @@ class MemoryBound(Extension):
         paging = list(store.paging)
         for i, q in enumerate(paging):
             share = (room - taken) // (len(paging) - i)
-            if share > 0:
-                taken += store.page_in(q, share)
+            if share > 0:  # only what fits (a message bigger than the room would be paged out at the next check)
+                taken += store.page_in(q, share, whole=True)
         return taken
 
     def attributes(self) -> dict[str, Any]:

@@ -278,6 +278,8 @@ def _journal_families(j: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("journal_paged_messages", "Messages paged to disk (flow to disk), not in memory", j["paged"])
     yield _counter("journal_paged_out", "Messages paged out to disk since start", j["paged-out"])
     yield _counter("journal_paged_in", "Messages read back from disk since start", j["paged-in"])
+    yield _counter("journal_read_errors", "Reads of paged messages that failed with an I/O error (the messages stayed "
+                   "paged and were read again later)", j.get("read-errors", 0))
 
 
 # ----- threads -------------------------------------------------------------------------------------------------------

@@ -142,8 +142,9 @@ class PageIndex:
         self._blocks.insert(i + 1, right)
         self._firsts.insert(i + 1, right.ps[0])
 
-    def take_front(self, n: int, max_bytes: int) -> list[Paged]:
-        """Remove and return the lowest paged messages: up to `n` of them and about `max_bytes` (at least one)."""
+    def take_front(self, n: int, max_bytes: int, whole: bool = False) -> list[Paged]:
+        """Remove and return the lowest paged messages: up to `n` of them and about `max_bytes` (at least one), or
+        with `whole` none beyond `max_bytes` (maybe none)."""
         out: list[Paged] = []
         nbytes = 0
         blocks = self._blocks
@@ -153,8 +154,12 @@ class PageIndex:
             k = 0
             limit = min(len(ss), n - len(out))
             while k < limit and (nbytes < max_bytes or (not out and k == 0)):
+                if whole and nbytes + ss[k] > max_bytes:
+                    break
                 nbytes += ss[k]
                 k += 1
+            if not k:
+                break
             out.extend(zip(b.ps[:k], b.ls[:k], ss[:k], strict=True))
             self._drop(0, 0, k)
         self.count -= len(out)

@@ -177,7 +177,7 @@ class QueueObserver(Protocol):
 class Pager(Protocol):
     """Reads paged messages back from disk (the durable store)."""
 
-    def read(self, queue: Queue, paged: list[Paged]) -> list[Entry]: ...
+    def read(self, queue: Queue, paged: list[Paged], unreadable: list[Paged] | None = None) -> list[Entry]: ...
 
 
 class QueueStats:
@@ -228,6 +228,7 @@ class Queue:
         self.plain = _plain(options)  # no limits, last-value key, default TTL or priorities: the fast enqueue
         self.pageable = _pageable(options)
         self.paged: PageIndex | None = None  # on disk only (flow to disk): above every message in memory
+        self.fed = 0  # the highest position read back for consumers (broker.memory): not paged out while they stay
         self.parked: list[Entry] = []  # enqueued above the paged ones during this pass
         self.pager: Pager | None = None  # reads paged messages back (set by the durable store)
         self.dedup = _window(options)  # duplicate-window: the message-ids taken recently (the router checks it)
@@ -301,9 +302,9 @@ class Queue:
         """Is this position on the queue (in memory or paged)?"""
         return position in self.entries or (self.paged is not None and position in self.paged)
 
-    def read(self, positions: Iterable[int]) -> dict[int, Entry]:
+    def read(self, positions: Iterable[int], unreadable: list[Paged] | None = None) -> dict[int, Entry]:
         """The messages at `positions` that are on the queue, paged ones read back from disk (as copies that are
-        not on the queue)."""
+        not on the queue; those whose segment could not be read are left out, and added to `unreadable`)."""
         out: dict[int, Entry] = {}
         wanted: list[Paged] = []
         entries, paged = self.entries, self.paged
@@ -316,7 +317,7 @@ class Queue:
                 if p is not None:
                     wanted.append(p)
         if wanted and self.pager is not None:
-            for e in self.pager.read(self, wanted):
+            for e in self.pager.read(self, wanted, unreadable):
                 out[e.position] = e
         return out
 
@@ -786,10 +787,11 @@ class Queue:
         self.parked = keep
         return out
 
-    def page_out(self, max_bytes: int, entry_cost: int) -> list[Entry]:
+    def page_out(self, max_bytes: int, entry_cost: int, floor: int = 0) -> list[Entry]:
         """Move the highest available messages in memory to the paged index (their records are in the journal),
         about `max_bytes` of memory (`entry_cost` bytes a message besides its body), stopping at one that cannot
-        go (acquired, redelivered, not journaled). Returns them (now stale copies)."""
+        go (acquired, redelivered, not journaled, at or below position `floor`: just read back for consumers).
+        Returns them (now stale copies)."""
         out: list[Entry] = []
         if not self.pageable:
             return out
@@ -808,7 +810,8 @@ class Queue:
                 x = extra[-1]
                 if top is None or x.position > top.position:
                     top, in_extra = x, True
-            if top is None or top.state != AVAILABLE or not top.seg or top.count or top.flags & REDELIVERED:
+            if (top is None or top.state != AVAILABLE or not top.seg or top.count or top.flags & REDELIVERED
+                    or top.position <= floor):
                 break
             if in_extra:
                 extra.pop(-1)
@@ -836,9 +839,15 @@ class Queue:
             self._unpage()
         return out
 
-    def next_paged(self, n: int, max_bytes: int) -> list[Paged]:
-        """Take the lowest paged messages off the index, to be read back and `load`ed."""
-        return self.paged.take_front(n, max_bytes) if self.paged is not None else []
+    def next_paged(self, n: int, max_bytes: int, whole: bool = False) -> list[Paged]:
+        """Take the lowest paged messages off the index, to be read back and `load`ed (see PageIndex.take_front)."""
+        return self.paged.take_front(n, max_bytes, whole) if self.paged is not None else []
+
+    def top_in_memory(self) -> int:
+        """The highest position held in memory (0: none)."""
+        spine, extra = self._spine, self._extra
+        top = spine[-1].position if len(spine) > self._head else 0
+        return max(top, extra[-1].position) if extra else top
 
     def load(self, entries: list[Entry]) -> None:
         """Paged messages read back (from `next_paged`, in order): at the top of what is in memory."""

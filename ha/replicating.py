@@ -22,6 +22,7 @@ from broker.connections import ConnectionState
 from broker.engine import raw
 from broker.links import AcceptToken, Completion, LinkHandler
 from broker.log import get_logger
+from broker.paging import Paged
 from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReason, Entry, Queue
 from ha import protocol as P
 from ha.core.accepts import AcceptGroup, DequeueWaits
@@ -289,6 +290,7 @@ class ReplicatingSender(LinkHandler):
         # batch replaces the backup's window and marks what consumers hold now; the rest follows pass by pass.
         self.version = negotiate(batch, (link.remote_properties or {}).get(P.LINK_BATCH_MAX))
         self.state_ops: list[StateOp] = []
+        self.unreadable = ""  # why catch-up could not go on (a paged message not read back): the link closes
         self.window: list[tuple[bytes, float]] | None = None
         # Version 3: transaction units this browser's next batch is a part of, and the highest live position that
         # batch must hold (every live message up to it, whatever the bytes bounds): see Primary._mark_unit.
@@ -354,6 +356,9 @@ class ReplicatingSender(LinkHandler):
                 self._send_batches(credit)
             else:
                 self._send_messages(credit)
+        if self.unreadable:
+            self.server.connections.close_link(self.link, "amqp:internal-error", self.unreadable)
+            return
         if self.qc.done and not self.catchup_logged:
             self.catchup_logged = True
             prog = self.qc.progress()
@@ -376,6 +381,18 @@ class ReplicatingSender(LinkHandler):
         while inflight and inflight[0][0] <= top:
             self.inflight_bytes -= inflight.popleft()[1]
         self.primary.acked(self.backup, self.queue.name, acks)
+
+    def _unreadable(self, pos: int, rest: list[int], failed: list[Paged]) -> bool:
+        """A catch-up message not read: gone from the queue or damaged on disk (False: the backup is told it is
+        gone), or its journal segment could not be read (an I/O error, `journal.read_error`: in `failed`). Then
+        the backup cannot be made whole by this link: `rest` goes back to the plan, and the link is closed with the
+        error at the end of the run (True); the backup attaches again and its catch-up starts over."""
+        if all(p[0] != pos for p in failed):
+            return False
+        self.qc.give_back(rest)
+        self.unreadable = (f"catch-up of queue {self.queue.name!r} stopped: its paged message at position {pos} "
+                           "could not be read from the journal (an I/O error)")
+        return True
 
     def _live_room(self) -> int:
         """Bytes of live messages that may be sent now (--ha-flow-bytes in flight; one message always may)."""
@@ -466,8 +483,9 @@ class ReplicatingSender(LinkHandler):
         the bytes bound; what does not fit goes back to the plan. Returns the batch still open."""
         batch = self.qc.next_batch(n)
         entries = self.queue.entries
+        failed: list[Paged] = []  # paged messages whose segment could not be read (an I/O error)
         if self.queue.paged is not None:  # flow to disk: read what is paged back (a copy, for this batch only)
-            entries = self.queue.read(batch)
+            entries = self.queue.read(batch, failed)
         sent = self.catchup_sent
         budget = self.catchup_max_bytes - self.catchup_bytes
         gone: list[int] = []
@@ -477,6 +495,8 @@ class ReplicatingSender(LinkHandler):
         for i, pos in enumerate(batch):
             ce = entries.get(pos)
             if ce is None:
+                if failed and self._unreadable(pos, batch[i:], failed):
+                    break
                 gone.append(pos)
                 continue
             if w.size >= limit:
@@ -537,10 +557,13 @@ class ReplicatingSender(LinkHandler):
         n = min(credit, self._catchup_room())
         if n > 0:
             batch = self.qc.next_batch(n)
-            entries = self.queue.read(batch) if self.queue.paged is not None else self.queue.entries
-            for pos in batch:
+            failed: list[Paged] = []
+            entries = self.queue.read(batch, failed) if self.queue.paged is not None else self.queue.entries
+            for i, pos in enumerate(batch):
                 ce = entries.get(pos)
                 if ce is None:
+                    if failed and self._unreadable(pos, batch[i:], failed):
+                        break
                     self.qc.dequeued([pos])
                     continue
                 d = raw.send_tagged(link, P.message_tag(P.TAG_CATCHUP, pos, ce.expires, self.expiry_tags), ce.data)

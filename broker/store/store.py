@@ -129,6 +129,7 @@ ENTRY_COST = 250  # bytes of memory a queued message costs besides its body (doc
 # message that is not journaled shares the 0). Measured: 285 bytes over the body durable, 258 not, in one run.
 JOURNALED_ENTRY_COST = ENTRY_COST + 32
 READ_SPAN = 4 * 1024 * 1024  # bytes read back at once for paged messages
+READ_RETRY = 1.0  # seconds before paged messages whose segment could not be read (an I/O error) are read again
 LOC_OFFSET = R.LOC_OFFSET  # Entry.seg = segment << 32 | offset
 _FLAGS = REDELIVERED | DURABLE  # what a record keeps of Entry.flags
 
@@ -393,6 +394,8 @@ class Store(Extension):
         #                                                    added) of it as journaled
         self.paged_out = 0  # messages paged out since start (stats)
         self.paged_in = 0
+        self.read_again_at = 0.0  # (monotonic) no paged message is read back into a queue before, after an I/O error
+        self.read_errors = 0  # reads of paged messages that failed with an I/O error (the messages stayed paged)
 
     # ----- start ---------------------------------------------------------------------------------------------------
     def recover(self) -> Recovered:
@@ -1107,20 +1110,34 @@ class Store(Extension):
         self.paged_out += len(out)
         self.paging.add(q)
 
-    def page_out(self, q: Queue, max_bytes: int) -> int:
-        """Page out about `max_bytes` of memory from the top of `q`; returns the bytes freed."""
-        out = q.page_out(max_bytes, JOURNALED_ENTRY_COST)
+    def page_out(self, q: Queue, max_bytes: int, floor: int = 0) -> int:
+        """Page out about `max_bytes` of memory from the top of `q`, no message at or below position `floor`;
+        returns the bytes freed."""
+        out = q.page_out(max_bytes, JOURNALED_ENTRY_COST, floor)
         self._count_paged(q, out)
         return sum(len(e.data) for e in out) + len(out) * (JOURNALED_ENTRY_COST - PAGED_COST)
 
-    def page_in(self, q: Queue, max_bytes: int, max_count: int = 10_000) -> int:
-        """Read back the lowest paged messages of `q` (about `max_bytes`); returns the bytes of memory taken."""
-        items = q.next_paged(max_count, max_bytes)
+    def page_in(self, q: Queue, max_bytes: int, max_count: int = 10_000, whole: bool = False) -> int:
+        """Read back the lowest paged messages of `q` (about `max_bytes`: at least one, unless `whole`, then none
+        that would go beyond it); returns the bytes of memory taken."""
+        if time.monotonic() < self.read_again_at:
+            return 0
+        items = q.next_paged(max_count, max_bytes, whole)
         if not items:
             if q.paged is None and not q.parked:
                 self.paging.discard(q)
             return 0
-        entries = self.read(q, items)
+        unreadable: list[Paged] = []
+        entries = self.read(q, items, unreadable)
+        if unreadable:  # an I/O error: from the first it hit on, back on the index (in order), read again later
+            cut = unreadable[0][0]
+            entries = [e for e in entries if e.position < cut]
+            back = [p for p in items if p[0] >= cut]
+            assert q.paged is not None
+            for p in back:
+                q.paged.add(*p)
+            items = items[: len(items) - len(back)]
+            self.read_again_at = time.monotonic() + READ_RETRY
         st = self.queues.get(q)
         if st is not None:
             read = {e.position for e in entries}
@@ -1135,9 +1152,11 @@ class Store(Extension):
         self.server.wake_queue(q)
         return sum(len(e.data) for e in entries) + len(entries) * (JOURNALED_ENTRY_COST - PAGED_COST)
 
-    def read(self, queue: Queue, paged: list[Paged]) -> list[Entry]:
+    def read(self, queue: Queue, paged: list[Paged], unreadable: list[Paged] | None = None) -> list[Entry]:
         """Paged messages of `queue` read back from their records, as new entries (not on any queue), in the order
-        given; a record that cannot be read is logged and left out (its message is lost)."""
+        given. A record whose segment cannot be read now (an I/O error) is left out and added to `unreadable`: it
+        stays on its queue, and is read again later. A damaged record is logged and left out (its message is
+        lost)."""
         st = self.queues.get(queue)
         if st is None:
             return []
@@ -1156,7 +1175,14 @@ class Store(Extension):
             try:
                 buf = os.pread(self._reader(seg), end - start, start)
             except OSError as err:
-                self._lost(queue, paged[i:j], f"segment {seg}: {err.strerror or err}")
+                self.read_errors += 1
+                log.error("journal.read_error", queue=queue.name, count=j - i, segment=seg,
+                          description=f"segment {seg}: {err.strerror or err}")
+                fd = self.readers.pop(seg, None)  # opened again for the next try
+                if fd is not None:
+                    os.close(fd)
+                if unreadable is not None:
+                    unreadable += paged[i:j]
                 i = j
                 continue
             for pos, loc, _ in paged[i:j]:
@@ -1199,4 +1225,5 @@ class Store(Extension):
                             "min-disk-free": self.min_disk_free,
                             "stalled": self.stalled(),
                             "paged": sum(q.paged_count for q in self.paging),
-                            "paged-out": self.paged_out, "paged-in": self.paged_in}}
+                            "paged-out": self.paged_out, "paged-in": self.paged_in,
+                            "read-errors": self.read_errors}}

@@ -205,7 +205,7 @@ def test_before_the_loop_ever_answers_only_the_age_is_served_as_minus_one() -> N
 ROOT = Path(__file__).resolve().parents[2]
 _JOURNAL = {"segments": 1, "durable-queues": 1, "written": 10, "commits": 2, "failed": None, "sync-wait": 0.0,
             "paged": 0, "low-disk": None, "disk-free": 5000,
-            "paged-out": 0, "paged-in": 0}
+            "paged-out": 0, "paged-in": 0, "read-errors": 0}
 
 
 def _every_sample_name() -> set[str]:

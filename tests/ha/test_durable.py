@@ -3,7 +3,11 @@ acknowledges only what its journal holds."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from tests.support.amqp import drain, mgmt
 from tests.support.bulk import fill, number_of, take
@@ -11,6 +15,7 @@ from tests.support.cluster import Cluster
 from tests.support.procs import wait_for
 
 Make = Callable[..., Cluster]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def catchups(c: Cluster, backup: str) -> list[int]:
@@ -84,3 +89,34 @@ def test_backups_catch_up_a_queue_paged_to_disk_and_a_failover_delivers_it_all_i
     c.promote(2)
     c.wait_state(2, "active")
     assert [number_of(x) for x in take(c[2].url, "d", 4000)] == list(range(1, 4001))
+
+
+def test_a_backup_is_not_made_ready_past_paged_messages_its_primary_cannot_read(
+        cluster: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The primary's reads of paged messages fail (an I/O error): a new backup's catch-up stops there (its link is
+    closed with the error and it tries again), it is not made ready without them, and nothing leaves the queue;
+    once the disk reads again it catches up and, promoted, delivers every message in order."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the broker processes import tests.support.journal_plugin
+    c = cluster(2, "--max-memory", "1M", "--plugin", "tests.support.journal_plugin:install")
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "d", {"arguments": {"durable": True}})
+    c[1].kill()
+    fill(c[0].url, "d", 2500, durable=True, pad=1000)  # about 2.5 MiB: most of it paged
+    with mgmt(c[0].url) as m:
+        assert m.call("READ", "broker", "").body["journal"]["paged"] > 1500
+        m.call("BREAK-READS", "test-journal", "")
+    c[1].start()
+    wait_for(lambda: any(e["event"] == "journal.read_error" for e in c[0].events()), 30,
+             what="the primary to fail a read of paged messages")
+    time.sleep(3)
+    st = Cluster.try_status(c[1])
+    assert st is not None and st["state"] != "ready", st
+    with mgmt(c[0].url) as m:
+        assert m.call("READ", "queue", "d").body["depth"] == 2500
+        m.call("MEND-READS", "test-journal", "")
+    c.wait_state(1, "ready", timeout=60)
+    c[0].kill()
+    c.promote(1)
+    c.wait_state(1, "active")
+    assert [number_of(x) for x in take(c[1].url, "d", 2500)] == list(range(1, 2501))

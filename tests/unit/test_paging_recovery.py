@@ -3,9 +3,12 @@ the queues do with it afterwards. A real Server and journal on disk; the event l
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from proton import Message
@@ -172,3 +175,54 @@ def test_a_last_value_queue_replaces_what_a_restart_recovered(tmp_path: Path, re
     d = value("a", "new")
     q.enqueue(d, durable=True, key=last_value_key_of(d, "k"))
     assert q.depth == 2  # a: new, b: old
+
+
+class Dequeues:
+    """A queue observer that notes the positions dequeued (what replication hears)."""
+
+    def __init__(self, into: list[int]) -> None:
+        self.into = into
+
+    def dequeued(self, _q: Queue, e: Any, _reason: DequeueReason) -> None:
+        self.into.append(e.position)
+
+    def __getattr__(self, _name: str) -> Any:
+        return lambda *_: None
+
+
+def test_paged_messages_whose_segment_cannot_be_read_stay_on_their_queue_and_are_read_again(
+        tmp_path: Path, restart: list[Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error reading paged messages back (a transient EIO): they stay paged, in order, and nothing is told of
+    a dequeue (they left the queue without a trace, and came back at the next restart); a second later they are
+    read again."""
+    s = start(tmp_path)
+    restart.append(s)
+    store = s.store
+    assert store is not None
+    q, _ = s.wiring.declare_queue("orders", {"durable": True})
+    for i in range(10):
+        q.enqueue(body(i), durable=True)
+    commit(s)
+    store.page_out(q, 1 << 20)
+    assert q.paged_count == 10 and not q.entries
+    gone: list[int] = []  # what replication would be told
+    q.observers.append(Dequeues(gone))
+    real = os.pread
+
+    def eio(*_: object) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", eio)
+    assert store.page_in(q, 1 << 20) == 0
+    assert q.paged_count == 10 and q.depth == 10 and not q.entries and not gone
+    assert store.read_errors == 1
+    monkeypatch.setattr(os, "pread", real)
+    assert store.page_in(q, 1 << 20) == 0  # not before a second has passed
+    store.read_again_at = 0.0
+    assert store.page_in(q, 1 << 20) > 0
+    assert drain(s, q) == [body(i)[:5] for i in range(10)]
+    commit(s)
+    stop(s)
+    s = start(tmp_path)
+    restart.append(s)
+    assert s.wiring.queues["orders"].depth == 0  # consumed, and journaled as such
