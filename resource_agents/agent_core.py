@@ -633,8 +633,10 @@ def read_standing(data_dir: str, name: str) -> Standing:
     directory = os.path.join(data_dir, "journal")
     try:
         names = os.listdir(directory)
-    except OSError:
-        names = []
+    except FileNotFoundError:
+        names = []  # no journal yet: a fresh broker
+    except OSError as exc:  # not an empty journal: one nothing can be said of (the broker would not start)
+        raise JournalUnreadable(f"{directory}: {exc.strerror or exc}") from None
     numbers = sorted(int(n[:-4]) for n in names if n.endswith(".jnl") and n[:-4].isdigit())
     queues: dict[int, tuple[dict[str, object], int]] = {}  # qid -> (QUEUE document, highest position)
     state: dict[str, object] = {}

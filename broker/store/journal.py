@@ -90,12 +90,13 @@ def segment_name(n: int) -> str:
 
 
 def segment_numbers(directory: Path) -> list[int]:
-    out = []
-    for p in directory.glob("*.jnl"):
-        stem = p.name[:-4]
-        if stem.isdigit():
-            out.append(int(stem))
-    return sorted(out)
+    """The segments in `directory` (none if it does not exist; OSError if it cannot be listed: a journal whose
+    directory cannot be read is not an empty one)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-4]) for n in names if n.endswith(".jnl") and n[:-4].isdigit())
 
 
 class Loop(syncproc.Loop, Protocol):

@@ -319,7 +319,10 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
     drops it). Raises JournalError for damage that is not a torn tail, or a newer format."""
     image = Image(budget)
     report = Recovered()
-    numbers = segment_numbers(directory)
+    try:
+        numbers = segment_numbers(directory)
+    except OSError as e:
+        raise R.JournalError(f"journal: cannot list {directory}: {e.strerror or e}") from None
     last_size = 0
     for i, n in enumerate(numbers):
         path = directory / segment_name(n)

@@ -270,8 +270,13 @@ def inspect(directory: Path) -> Inspection:
     """Examine every segment of `directory` and replay what the broker would: `read_journal` when the broker would
     start; otherwise the good records before the problem (what it recovers once the damage is cut). Read-only. The
     replay indexes messages rather than keeping them (a journal larger than memory can be checked)."""
-    numbers = segment_numbers(directory)
     segments: list[SegmentReport] = []
+    try:
+        numbers = segment_numbers(directory)
+    except OSError as e:  # the directory itself: as an unreadable file, nothing can be said of what it holds
+        numbers = []
+        segments.append(SegmentReport(0, str(directory), 0, 0, status=Verdict.UNREADABLE,
+                                      reason=e.strerror or str(e)))
     for i, n in enumerate(numbers):
         try:
             data = (directory / segment_name(n)).read_bytes()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,3 +117,10 @@ def test_read_standing_refuses_a_newer_journal_format(tmp_path: Path) -> None:
         assert "newer" in str(e)
     else:
         raise AssertionError("a newer format was read")
+
+
+def test_read_standing_refuses_a_journal_directory_it_cannot_list(tmp_path: Path) -> None:
+    """Not an empty journal (a fresh standing would let an older store be promoted over this one): nothing."""
+    (tmp_path / "journal").write_text("not a directory")  # listing fails (as a permission or I/O error would)
+    with pytest.raises(core.JournalUnreadable, match="journal"):
+        core.read_standing(str(tmp_path), "b1")

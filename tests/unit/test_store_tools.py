@@ -244,3 +244,14 @@ def test_an_empty_journal_is_clean(tmp_path: Path) -> None:
     ins = T.inspect(d)
     assert ins.verdict is T.Verdict.CLEAN and ins.segments == []
     assert "an empty journal" in T.check_lines(T.report(ins), "DIR")[-1]
+
+
+def test_a_journal_directory_that_cannot_be_listed_is_unreadable_not_empty(tmp_path: Path) -> None:
+    """The broker does not start on it, and the check says so (it said "clean": an empty journal)."""
+    d = tmp_path / "journal"
+    d.write_text("not a directory")  # listing fails (as a permission or I/O error would)
+    ins = T.inspect(d)
+    assert ins.verdict is T.Verdict.UNREADABLE
+    assert f"verdict: unreadable: {d}" in T.check_lines(T.report(ins), "DIR")[-1]
+    with pytest.raises(R.JournalError, match="cannot list"):
+        read_journal(d)
