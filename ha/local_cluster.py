@@ -31,9 +31,12 @@ from rich.console import Console
 
 from broker.client import ManagementClient, ManagementError
 from broker.datadir import data_dir_problem
+from broker.store import records as R
+from broker.store import tools
+from broker.store.journal import segment_name, segment_numbers
 from ha import protocol as P
 from ha.core.epoch import Rank, best_candidate
-from ha.core.restart import ReadyView, RestartAction, Standing, decide_restart
+from ha.core.restart import ReadyView, RestartAction, Standing, decide_restart, dropped_by
 from ha.status_cli import collect, render
 
 BIN = Path(sys.executable).parent
@@ -58,11 +61,28 @@ class Member:
     answered: dict[str, Any] | None = None  # the last STATUS this process answered (None: none since its start)
     silent_since: float | None = None  # when it last stopped answering while alive
     retry_at: float | None = None  # it refused to start: when to try again
+    _view_key: tuple[int, int] | None = None  # (segment, size) of the journal `_view` was read from
+    _view: ReadyView | None = None
 
     @property
     def refused(self) -> bool:
         """Dead with the exit code of a broker that will not start as it is (a bad flag, a damaged journal)."""
         return self.proc is not None and self.proc.poll() == REFUSED_EXIT
+
+    def journal_view(self, say: Callable[[str], None]) -> ReadyView | None:
+        """The member list this broker's journal holds last (read while it is down; again only once the newest
+        segment changed)."""
+        directory = self.data_dir / "journal"
+        try:
+            numbers = segment_numbers(directory)
+            key = (numbers[-1], (directory / segment_name(numbers[-1])).stat().st_size) if numbers else None
+            if key != self._view_key:
+                state = tools.last_state(directory)
+                self._view_key, self._view = key, ReadyView.from_json(state.get("view") if state else None)
+        except (OSError, R.JournalError) as e:
+            say(f"cannot read the journal of {self.name}: {e}")
+            return None
+        return self._view
 
     def last_words(self) -> str:
         """The last line the broker wrote on stderr (its DATA_DIR/broker.log), e.g. why it refused to start."""
@@ -137,11 +157,17 @@ class Member:
                 self.kill()
 
 
-def rank_of(status: dict[str, Any]) -> Rank:
-    """A ready backup's STATUS as its rank: the member list it holds counts if it is one of its epoch."""
+def held_of(status: dict[str, Any]) -> tuple[int, int]:
+    """A ready backup's STATUS: its epoch and the number of the member list of that epoch it holds (0: none)."""
     epoch = int(status["epoch"])
     view = ReadyView.from_json(status.get("ready_view"))
-    return Rank(epoch, int(status["position"]), view.seq if view is not None and view.epoch == epoch else 0)
+    return epoch, view.seq if view is not None and view.epoch == epoch else 0
+
+
+def rank_of(status: dict[str, Any]) -> Rank:
+    """A ready backup's STATUS as its rank: the member list it holds counts if it is one of its epoch."""
+    epoch, seq = held_of(status)
+    return Rank(epoch, int(status["position"]), seq)
 
 
 def standing_of(status: dict[str, Any]) -> Standing:
@@ -187,14 +213,19 @@ class Manager:
             self.say("no broker is running: restarting every broker from its journal")
             self._restart_dead()
             return
-        ready = [(m.name, rank_of(m.status)) for m in self.members if m.status and m.status["state"] == "ready"]
-        name = best_candidate(ready)
+        ready = [m for m in self.members if m.status and m.status["state"] == "ready"]
+        dropped = self._dropped(ready)
+        name = best_candidate((m.name, rank_of(m.status)) for m in ready if m.status and m.name not in dropped)
         if name is not None:
             self._promote(name, {})
             return
+        for n, v in sorted(dropped.items()):
+            self.say(f"{n} is ready but not promoted: its primary dropped it (member list {v.seq} of epoch {v.epoch}, "
+                     f"primary {v.primary}, does not name it): waiting for the brokers that list names", once=True)
         self._restart_dead()  # nobody to promote: a restart from the journals needs every broker's
         answering = [m for m in self.members if m.status]
-        if not answering or any(m.status and m.status["state"] != "joining" for m in answering):
+        if not answering or any(m.status and m.status["state"] != "joining" and m.name not in dropped
+                                for m in answering):
             return  # someone still follows (or catches up from) a primary that was there a moment ago
         if self.outage_since is None:
             self.outage_since = self.clock()
@@ -210,6 +241,26 @@ class Manager:
             self._promote(first.name, {"force": True} if first.status and first.status["epoch"] else {})
         else:
             self.say(f"no primary: {d.describe()}", once=True)
+
+    def _dropped(self, ready: list[Member]) -> dict[str, ReadyView]:
+        """The ready members their primary dropped: a newer member list without them is in the journal of a member
+        that does not answer (it went down after the drop, maybe having confirmed messages without them) or in
+        the STATUS of one that does (ha.core.restart.dropped_by). Such a member is not promoted: the brokers
+        that list names come back first, and the restart rule decides among the journals."""
+        if not ready:
+            return {}
+        views: list[ReadyView] = []
+        for m in self.members:
+            v = ReadyView.from_json(m.status.get("ready_view")) if m.status else m.journal_view(self.say)
+            if v is not None:
+                views.append(v)
+        out: dict[str, ReadyView] = {}
+        for m in ready:
+            assert m.status is not None
+            v = dropped_by(m.name, held_of(m.status), views)
+            if v is not None:
+                out[m.name] = v
+        return out
 
     def _demote_stale(self, primaries: list[Member]) -> None:
         """Two primaries (a backup promoted by hand beside the live one): the older epoch steps down, as it would on

@@ -204,7 +204,12 @@ def monitor_code(process_alive: bool, status: BrokerStatus | None, expected_prom
 
 
 def promotion_score(
-    node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus], restart: Restart | None = None
+    node: str,
+    own: BrokerStatus,
+    published: Mapping[str, BrokerStatus],
+    restart: Restart | None = None,
+    standings: Mapping[str, Standing] | None = None,
+    name: str | None = None,
 ) -> int | None:
     """The promotion score this node should carry, or None to delete it.
 
@@ -212,6 +217,9 @@ def promotion_score(
     - ready backups are ranked by currency (epoch, member list, position) among all ready instances: the most
       current gets
       BEST_READY_SCORE, each rank below loses RANK_STEP (equal currency, equal score);
+    - a ready backup its primary dropped gets none while a broker that is down holds, in its published journal
+      standing, the newer member list without it (``standings``; ``name``: this broker's): it may lack messages
+      confirmed after the drop;
     - joining/catchup backups get none, so Pacemaker never promotes a backup that lacks acknowledged messages;
     - whole-cluster restart (``restart``, see ``whole_cluster_restart``): the one node whose broker the restart
       rule picks (the newest store) gets NEWEST_STORE_SCORE, every other none;
@@ -222,14 +230,26 @@ def promotion_score(
     if own.is_primary:
         return PRIMARY_SCORE
     if own.is_ready_backup:
+        if dropped_ready(node, name, own, standings) is not None:
+            return None
         ready = {n: s for n, s in published.items() if s.is_ready_backup and n != node}
         better = sorted({s.currency for s in ready.values() if s.currency > own.currency}, reverse=True)
         return max(BEST_READY_SCORE - RANK_STEP * len(better), MIN_READY_SCORE)
     if restart is not None and restart.decision.action is RestartAction.PROMOTE:
         return NEWEST_STORE_SCORE if restart.winner_node == node else None
-    if _brand_new(own) and not _anyone_serving(node, published) and _no_store(restart):
+    if _brand_new(own) and not _anyone_serving(node, published, standings) and _no_store(restart):
         return BOOTSTRAP_SCORE
     return None
+
+
+def dropped_ready(
+    node: str, name: str | None, own: BrokerStatus, standings: Mapping[str, Standing] | None
+) -> ReadyView | None:
+    """The newer member list without ``node``'s ready backup (broker ``name``) that another node's published
+    standing holds, or None (``dropped_by``; None too when the name or the standings are not known)."""
+    if not own.is_ready_backup or name is None or not standings:
+        return None
+    return dropped_by(name, (own.epoch, own.view), (s.view for n, s in standings.items() if n != node and s.view))
 
 
 def _no_store(restart: Restart | None) -> bool:
@@ -242,8 +262,18 @@ def _brand_new(status: BrokerStatus) -> bool:
     return status.role == "backup" and status.state == "joining" and status.epoch == 0
 
 
-def _anyone_serving(node: str, published: Mapping[str, BrokerStatus]) -> bool:
-    return any(s.is_primary or s.is_ready_backup for n, s in published.items() if n != node)
+def _anyone_serving(
+    node: str, published: Mapping[str, BrokerStatus], standings: Mapping[str, Standing] | None = None
+) -> bool:
+    """Another instance is primary, or a ready backup that was not dropped (``dropped_ready``: by the name its own
+    published standing gives)."""
+    standings = standings or {}
+    return any(
+        s.is_primary
+        or (s.is_ready_backup and dropped_ready(n, standings[n].name if n in standings else None, s, standings) is None)
+        for n, s in published.items()
+        if n != node
+    )
 
 
 # ---- promote -------------------------------------------------------------------------------------------------
@@ -267,7 +297,12 @@ class PromoteDecision:
 
 
 def decide_promote(
-    node: str, own: BrokerStatus, published: Mapping[str, BrokerStatus], restart: Restart | None = None
+    node: str,
+    own: BrokerStatus,
+    published: Mapping[str, BrokerStatus],
+    restart: Restart | None = None,
+    standings: Mapping[str, Standing] | None = None,
+    name: str | None = None,
 ) -> PromoteDecision:
     """Decide a promote on ``node``, given what every instance published in the pre-promote notification (and,
     after a whole-cluster outage, what their journals say: ``restart``).
@@ -282,6 +317,13 @@ def decide_promote(
     if other_primary:
         return PromoteDecision(PromoteAction.REFUSE, f"{other_primary[0]} reports itself primary")
     if own.is_ready_backup:
+        newer = dropped_ready(node, name, own, standings)
+        if newer is not None:
+            return PromoteDecision(
+                PromoteAction.REFUSE,
+                f"its primary dropped it: member list {newer.seq} of epoch {newer.epoch} (primary {newer.primary}), "
+                "journaled by a broker that is down, does not name it; the brokers that list names must come back",
+            )
         ahead = _most_current(
             {n: s for n, s in others.items() if s.is_ready_backup and s.currency > own.currency}
         )
@@ -305,7 +347,7 @@ def decide_promote(
                 better_node=restart.winner_node,
             )
         return PromoteDecision(PromoteAction.REFUSE, f"whole-cluster restart: {d.describe()}")
-    if _brand_new(own) and not _anyone_serving(node, published):
+    if _brand_new(own) and not _anyone_serving(node, published, standings):
         ahead = _most_current(
             {n: s for n, s in others.items() if _brand_new(s) and s.currency > own.currency}
         )
@@ -569,6 +611,13 @@ def decide_restart(standings: Iterable[Standing], expected: int, waited_out: boo
     )
 
 
+def dropped_by(name: str, held: tuple[int, int], views: Iterable[ReadyView]) -> ReadyView | None:
+    """A member list newer than the one a ready backup holds (`held`: epoch, list number) that does not name it:
+    the newest such, or None (ha/core/restart.py `dropped_by`)."""
+    newer = [v for v in views if v.key > held and name not in v.eligible]
+    return max(newer, key=lambda v: v.key, default=None)
+
+
 def may_restart_as_newest(name: str, ready_epoch: int, view: ReadyView | None) -> bool:
     """The broker's own check before it accepts a promotion with the newest store (ha/core/restart.py)."""
     if ready_epoch <= 0:
@@ -596,7 +645,7 @@ def whole_cluster_restart(
     the restart rule over every published standing (by node). None when it is not such a restart."""
     if own is not None and (own.role != "backup" or own.state != "joining"):
         return None
-    if _anyone_serving(node, published):
+    if _anyone_serving(node, published, standings):
         return None
     d = decide_restart(standings.values(), expected, waited_out)
     winner = next((n for n, s in sorted(standings.items()) if s.name == d.winner), None)

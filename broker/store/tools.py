@@ -266,6 +266,36 @@ def report(ins: Inspection, plan: CutPlan | None = None) -> dict[str, Any]:
 
 
 # ----- files -----------------------------------------------------------------------------------------------------
+class _States:
+    """A replay that keeps only the last STATE document (the HA standing)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None
+
+    def enqueue(self, view: memoryview, at: int, end: int, offset: int) -> None:
+        pass
+
+    def record(self, rec: R.Record) -> None:
+        if rec.kind == R.STATE:
+            self.state = rec.document()
+
+
+def last_state(directory: Path) -> dict[str, Any] | None:
+    """The HA standing the journal in `directory` holds last (the newest STATE record; None: none), for a broker
+    that is down: its segments from the newest back until one has it (each segment's checkpoint has one). A torn
+    tail ends a segment's reading, as the broker cuts it. Raises OSError or R.JournalError for a journal it cannot
+    read."""
+    for n in reversed(segment_numbers(directory)):
+        data = (directory / segment_name(n)).read_bytes()
+        if R.header_unwritten(data):
+            continue
+        states = _States()
+        R.scan(data, R.HEADER.size, R.check_header(data, segment_name(n)), into=states)
+        if states.state is not None:
+            return states.state
+    return None
+
+
 def inspect(directory: Path) -> Inspection:
     """Examine every segment of `directory` and replay what the broker would: `read_journal` when the broker would
     start; otherwise the good records before the problem (what it recovers once the damage is cut). Read-only. The

@@ -225,3 +225,13 @@ def may_restart_as_newest(name: str, ready_epoch: int, view: ReadyView | None) -
     if ready_epoch <= 0:
         return False
     return view is None or (name in view.eligible and view.epoch <= ready_epoch)
+
+
+def dropped_by(name: str, held: tuple[int, int], views: Iterable[ReadyView]) -> ReadyView | None:
+    """A member list newer than the one a ready backup holds (`held`: its epoch and the number of its newest list
+    of that epoch) that does not name it (`name`): the newest such, or None. Its primary dropped it and may have
+    confirmed messages without it (a primary journals such a list before it confirms anything more), so it must not
+    be promoted while a broker that is down holds that list in its journal: the brokers that do hold it must come
+    back first (the Pacemaker agent and understudy-cluster; under ZooKeeper the ready set says it)."""
+    newer = [v for v in views if v.key > held and name not in v.eligible]
+    return max(newer, key=lambda v: v.key, default=None)

@@ -365,3 +365,25 @@ def test_a_joining_brokers_status_gives_its_standing() -> None:
     assert s == core.Standing("b2", 3, 7, 3, core.ReadyView(3, 2, "b1", frozenset({"b2"})))
     with pytest.raises(ValueError, match="unexpected status answer"):
         core.standing_from({"epoch": "x"}, "node2")
+
+
+def test_a_ready_backup_its_primary_dropped_is_not_promoted_while_the_newer_list_is_down() -> None:
+    """b3 was dropped in list 6 and stayed `ready` with list 5 (a ready backup that loses its primary stays ready);
+    b1 (the primary) and b2 confirmed messages under list 6, then both brokers were killed, their nodes up: their
+    agents publish their journals' standings. b3 gets no score and refuses a promote; b1's node, restarted
+    joining, gets the restart rule's score (the ready b3 does not count as serving)."""
+    stale = BrokerStatus(role="backup", state="ready", epoch=3, position=200, view=5)
+    standings = _standings()
+    published = {"n3": stale}
+    assert core.promotion_score("n3", stale, published, None, standings, "b3") is None
+    d = core.decide_promote("n3", stale, published, None, standings, "b3")
+    assert d.action is PromoteAction.REFUSE and "dropped" in d.reason and "list 6" in d.reason
+    published = {"n1": JOINING, "n2": JOINING, "n3": stale}
+    r = core.whole_cluster_restart("n1", JOINING, published, standings, expected=3)
+    assert r is not None and r.winner_node == "n1"
+    assert core.promotion_score("n1", JOINING, published, r, standings, "b1") == core.NEWEST_STORE_SCORE
+    # b2, which holds list 6, ranks as before; and b3 too, with nobody down holding a newer list
+    current = BrokerStatus(role="backup", state="ready", epoch=3, position=118, view=6)
+    assert core.promotion_score("n2", current, {"n2": current}, None, standings, "b2") == core.BEST_READY_SCORE
+    older = {n: s for n, s in standings.items() if n == "n3"}
+    assert core.promotion_score("n3", stale, published, None, older, "b3") == core.BEST_READY_SCORE

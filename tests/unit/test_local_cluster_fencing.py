@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from broker.store import records as R
+from ha.core.restart import ReadyView
 from ha.local_cluster import Manager, Member
 
 
@@ -154,3 +156,48 @@ def test_a_broker_that_refuses_to_start_is_started_again_every_30_s_and_says_why
     b2.proc.kill()  # type: ignore[union-attr]  # a crash: no waiting
     mgr.step()
     assert b2.starts == 1
+
+
+def _journal_with_list(data_dir: Path, view: ReadyView) -> None:
+    """A broker's journal whose last HA standing holds member list `view` (what the primary journals on a drop)."""
+    (data_dir / "journal").mkdir(parents=True)
+    state = {"epoch": view.epoch, "role": "primary", "state": "active", "ready_epoch": view.epoch,
+             "view": view.to_json()}
+    (data_dir / "journal" / "00000001.jnl").write_bytes(R.header(1) + R.document(R.STATE, state))
+
+
+def ready(name: str, seq: int, position: int = 10) -> dict[str, Any]:
+    return {**status(name, "backup", "ready", position),
+            "ready_view": ReadyView(1, seq, "b1", frozenset({"b2", "b3"} if seq < 6 else {"b2"})).to_json()}
+
+
+def test_a_ready_backup_its_primary_dropped_is_not_promoted_while_the_journals_of_the_newer_list_are_down(
+        tmp_path: Path) -> None:
+    """b1 (primary) dropped b3 in list 6 (b3 stays `ready` with list 5), confirmed messages with b2, then b1 and b2
+    died together: b3 must not be promoted (it lacks those messages) though it is the only one ready; once b1 and
+    b2 are back (joining) the restart rule picks one of them. With only b1 dead, b2 (list 6) is promoted at once."""
+    mgr, (b1, b2, b3), _, said = cluster()
+    for m in (b1, b2):
+        m.data_dir = tmp_path / m.name
+        _journal_with_list(m.data_dir, ReadyView(1, 6, "b1", frozenset({"b2"})))
+    b2.answer, b3.answer = ready("b2", 6), ready("b3", 5, position=30)
+    b1.proc.kill()  # type: ignore[union-attr]
+    mgr.step()
+    assert mgr.promoted == ["b2"]  # type: ignore[attr-defined]
+
+    mgr, (b1, b2, b3), _, said = cluster()
+    for m in (b1, b2):
+        m.data_dir = tmp_path / m.name
+    b2.answer, b3.answer = None, ready("b3", 5, position=30)
+    b1.proc.kill()  # type: ignore[union-attr]
+    b2.proc.kill()  # type: ignore[union-attr]
+    mgr.step()
+    assert mgr.promoted == [] and b1.starts == b2.starts == 1  # type: ignore[attr-defined]
+    assert ("b3 is ready but not promoted: its primary dropped it (member list 6 of epoch 1, primary b1, does not "
+            "name it): waiting for the brokers that list names") in said
+    joining = {"role": "backup", "state": "joining", "epoch": 1, "ready_epoch": 1,
+               "ready_view": ReadyView(1, 6, "b1", frozenset({"b2"})).to_json()}
+    b1.answer = {**joining, "name": "b1", "position": 40}
+    b2.answer = {**joining, "name": "b2", "position": 40}
+    mgr.step()
+    assert mgr.promoted == ["b1"]  # type: ignore[attr-defined]

@@ -64,6 +64,16 @@ def test_the_agents_copy_decides_as_the_rule(items: list[tuple], expected: int, 
             s.name, s.ready_epoch, agents(t).view)
 
 
+@given(st.lists(views, max_size=5), names, st.integers(0, 4), st.integers(0, 4))
+def test_the_agents_copy_finds_a_dropped_backup_as_the_rule(items: list[tuple], name: str, epoch: int,  # type: ignore[type-arg]
+                                                            seq: int) -> None:
+    a = rule.dropped_by(name, (epoch, seq), [rule.ReadyView(*v) for v in items])
+    b = core.dropped_by(name, (epoch, seq), [core.ReadyView(*v) for v in items])
+    assert (a is None and b is None) or (a is not None and b is not None and a.key == b.key)
+    if a is not None:
+        assert a.key > (epoch, seq) and name not in a.eligible
+
+
 @given(standings)
 def test_a_published_standing_reads_back_as_it_was(t: tuple) -> None:  # type: ignore[type-arg]
     s = agents(t)
