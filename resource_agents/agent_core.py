@@ -665,7 +665,10 @@ _JHEADER = struct.Struct(">4sHI")
 _JFRAME = struct.Struct(">II")
 _JQPOS = struct.Struct(">IQ")  # the head of an ENQUEUE payload: queue, position
 _JQID = struct.Struct(">I")
-_ENQUEUE, _QUEUE, _UNQUEUE, _STATE, _UNIT = 1, 3, 4, 9, 11
+_ENQUEUE, _QUEUE, _UNQUEUE, _STATE, _UNIT, _MARK = 1, 3, 4, 9, 11, 12
+_JMARK_MAGIC = b"\x8eUJmark\x1d"  # a MARK record: magic, its own offset, the segment's bytes on disk then
+_JMARK = struct.Struct(">8sQQ")
+_JMARK_SIZE = _JFRAME.size + 1 + _JMARK.size
 _REPLICATE_KEY = "qpid.replicate"
 
 
@@ -696,7 +699,7 @@ def read_standing(data_dir: str, name: str) -> Standing:
                 data = f.read()
         except OSError as exc:
             raise JournalUnreadable(f"{path}: {exc.strerror or exc}") from None
-        state = _replay_segment(data, path, queues, state)
+        state = _replay_segment(data, path, queues, state, last=number == numbers[-1])
     position = 0
     for doc, highest in queues.values():
         args = doc.get("arguments")
@@ -726,7 +729,11 @@ def _read_epoch(path: str) -> int:
 
 
 def _replay_segment(
-    data: bytes, path: str, queues: dict[int, tuple[dict[str, object], int]], state: dict[str, object]
+    data: bytes,
+    path: str,
+    queues: dict[int, tuple[dict[str, object], int]],
+    state: dict[str, object],
+    last: bool = True,
 ) -> dict[str, object]:
     if len(data) < _JHEADER.size or not any(data[: _JHEADER.size]):
         return state  # a segment whose header a crash cut short or never synced: the broker drops it
@@ -744,7 +751,7 @@ def _replay_segment(
             break
         body = view[off + _JFRAME.size : stop]
         if zlib.crc32(body) != crc:
-            break  # a torn tail (or damage, which the broker reports when it starts)
+            break  # a torn tail (or damage: below)
         kind = body[0]
         if kind == _UNIT and not _unit_whole(view, stop, stop + _JQID.unpack_from(body, 1)[0]):
             break  # a transaction's write a crash cut short: the broker cuts it at start, all of it
@@ -772,7 +779,41 @@ def _replay_segment(
         except (ValueError, struct.error, AttributeError, TypeError):
             pass  # a record we cannot use: the broker decides about damage when it starts
         off = stop
+    if off < end and _damaged(view, off, fmt, last):
+        # Not a torn tail the broker cuts by itself: it will not start, and what this journal held after the bad
+        # record is unknown (a standing from before it could let an older store win). Nothing is published.
+        raise JournalUnreadable(f"{path}: damaged at byte {off} (ha-admin journal check)")
     return state
+
+
+def _damaged(view: memoryview, off: int, fmt: int, last: bool) -> bool:
+    """A scan stopped at byte ``off``: damage rather than a torn tail (broker/store/records.py ``_bad``)? Zeros to
+    the end are the unwritten rest of a zero-filled segment; only the last segment may be torn; in a zero-filled
+    segment (format 3) a bad record is damage when an intact MARK after it says it was already on disk; in an older
+    one, when anything follows it."""
+    stop = len(view)
+    while stop > off and view[stop - 1] == 0:
+        stop -= 1
+    if stop == off:
+        return False
+    if not last:
+        return True
+    if fmt < 3:
+        length = _JFRAME.unpack_from(view, off)[0] if off + _JFRAME.size <= len(view) else 0
+        return off + _JFRAME.size + length < len(view)
+    data = bytes(view[off:stop])
+    i = data.find(_JMARK_MAGIC)
+    while i >= 0:
+        at = off + i - _JFRAME.size - 1
+        if at >= off and at + _JMARK_SIZE <= stop:
+            length, crc = _JFRAME.unpack_from(view, at)
+            body = view[at + _JFRAME.size : at + _JMARK_SIZE]
+            if length == _JMARK_SIZE - _JFRAME.size and body[0] == _MARK and zlib.crc32(body) == crc:
+                _, where, durable = _JMARK.unpack_from(body, 1)
+                if where == at and durable > off:
+                    return True
+        i = data.find(_JMARK_MAGIC, i + 1)
+    return False
 
 
 def _unit_whole(view: memoryview, off: int, end: int) -> bool:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import broker.store.records as R
+import broker.store.tools as T
 from ha.core import restart as rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
@@ -134,3 +135,34 @@ def test_read_standing_refuses_a_journal_directory_it_cannot_list(tmp_path: Path
     (tmp_path / "journal").write_text("not a directory")  # listing fails (as a permission or I/O error would)
     with pytest.raises(core.JournalUnreadable, match="journal"):
         core.read_standing(str(tmp_path), "b1")
+
+
+def test_read_standing_tells_damage_from_a_torn_tail_as_the_broker_does(tmp_path: Path) -> None:
+    """A bad record that a later commit's MARK says was on disk is damage: the broker will not start, and the
+    agent publishes no standing (it published the one from before the damage, which could let an older store
+    win). A bad record at the end with nothing on disk after it is a torn tail: read up to it, as before."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    head = segment(1, R.queue(1, "q", "u1", {}, 1), R.enqueue(1, 1, 2, 1, 0, None, b"m1"))
+    bad_at = len(head)
+    damaged = bytearray(R.enqueue(1, 2, 2, 1, 0, None, b"m2"))
+    damaged[-1] ^= 0xFF
+    body = head + bytes(damaged) + R.enqueue(1, 3, 2, 1, 0, None, b"m3")
+    (journal / "00000001.jnl").write_bytes(body + R.mark(len(body), len(body)))  # all of it was on disk
+    with pytest.raises(core.JournalUnreadable, match="damaged"):
+        core.read_standing(str(tmp_path), "b1")
+    assert T.inspect(journal).verdict is T.Verdict.DAMAGED  # the broker's tools agree
+
+    (journal / "00000001.jnl").write_bytes(body + R.mark(len(body), bad_at))  # the bad one was not on disk yet
+    assert core.read_standing(str(tmp_path), "b1").position == 1
+    assert T.inspect(journal).verdict is T.Verdict.TORN
+
+    (journal / "00000002.jnl").write_bytes(segment(2, R.queue(1, "q", "u1", {}, 2)))  # torn, but not the last
+    with pytest.raises(core.JournalUnreadable, match="damaged"):
+        core.read_standing(str(tmp_path), "b1")
+    assert T.inspect(journal).verdict is T.Verdict.DAMAGED
+
+
+def test_the_agents_mark_record_is_the_brokers() -> None:
+    assert (core._JMARK_MAGIC, core._JMARK.size, core._JMARK_SIZE, core._MARK) == (
+        R.MARK_MAGIC, R._MARK.size, R.MARK_SIZE, R.MARK)
