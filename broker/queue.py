@@ -122,6 +122,9 @@ def _window(o: QueueOptions) -> DuplicateWindow | None:
     return DuplicateWindow(o.duplicate_window, o.duplicate_window_seconds) if o.deduplicates else None
 
 
+BROWSE_AHEAD = 256 * 1024  # bytes of paged messages read back at once for browsers
+
+
 def _pageable(o: QueueOptions) -> bool:
     """Can its messages be paged out (flow to disk)? Durable FIFO queues without limits or last-value keys."""
     return (o.durable and o.max_count is None and o.max_size is None and o.lvq_key is None
@@ -231,6 +234,7 @@ class Queue:
         self.fed = 0  # the highest position read back for consumers (broker.memory): not paged out while they stay
         self.parked: list[Entry] = []  # enqueued above the paged ones during this pass
         self.pager: Pager | None = None  # reads paged messages back (set by the durable store)
+        self._browse_ahead: dict[int, Entry] = {}  # paged messages read back for browsers (copies), by position
         self.dedup = _window(options)  # duplicate-window: the message-ids taken recently (the router checks it)
 
     # ----- inspection -------------------------------------------------------------------------------------------
@@ -649,6 +653,33 @@ class Queue:
             if e.state != AVAILABLE and not include_acquired:
                 continue
             if e.expires is not None and e.expires <= t and e.state == AVAILABLE:
+                continue
+            return e
+        return self._browse_paged(cursor, t) if self.paged is not None else None
+
+    def _browse_paged(self, cursor: int, t: float) -> Entry | None:
+        """The next paged message after `cursor` for a browser: a copy read back from disk (about BROWSE_AHEAD
+        bytes of them at once, kept for the browsers' next calls; a copy is given only while its message is still
+        paged)."""
+        paged, ahead = self.paged, self._browse_ahead
+        assert paged is not None
+        for pos in paged.positions_after(cursor):
+            e = ahead.pop(pos, None)
+            if e is None:
+                ahead.clear()
+                wanted: list[int] = []
+                size = 0
+                for p in paged.positions_after(pos - 1):
+                    found = paged.find(p)
+                    if found is None or (wanted and size + found[2] > BROWSE_AHEAD):
+                        break
+                    wanted.append(p)
+                    size += found[2]
+                ahead.update(self.read(wanted))
+                e = ahead.pop(pos, None)
+                if e is None:
+                    return None  # not readable now (journal.read_error): the browser waits
+            if e.expires is not None and e.expires <= t:
                 continue
             return e
         return None

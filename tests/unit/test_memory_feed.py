@@ -105,3 +105,21 @@ def test_take_front_whole_takes_none_beyond_the_bytes_asked() -> None:
     assert [p for p, _, _ in index.take_front(10, 300, whole=True)] == [1, 2]
     assert index.take_front(10, 300, whole=True) == []
     assert [p for p, _, _ in index.take_front(10, 300)] == [3]  # at least one otherwise
+
+
+def test_a_browser_sees_the_paged_messages_too_in_order_and_takes_none(make: list[Server], tmp_path: Path) -> None:
+    """It saw only those in memory, then nothing (a drain reported the end of the queue)."""
+    s = start(make, tmp_path, MiB)
+    q, _ = s.wiring.declare_queue("q", {"durable": True})
+    for i in range(2000):
+        q.enqueue(b"%06d" % i + b"x" * 994, durable=True)
+        if i % 100 == 99:
+            commit(s)
+            check(s)
+    assert q.paged_count > 1000, "the test needs paged messages"
+    cursor, seen = 0, []
+    while (e := q.browse_after(cursor)) is not None:
+        cursor = e.position
+        seen.append(e.data[:6])
+    assert seen == [b"%06d" % i for i in range(2000)]
+    assert q.depth == 2000 and q.paged_count > 1000
