@@ -235,6 +235,7 @@ class Queue:
         self.parked: list[Entry] = []  # enqueued above the paged ones during this pass
         self.pager: Pager | None = None  # reads paged messages back (set by the durable store)
         self._browse_ahead: dict[int, Entry] = {}  # paged messages read back for browsers (copies), by position
+        self.paged_marks: dict[int, list[Any]] = {}  # position -> changes to apply when read back (`mark_paged`)
         self.dedup = _window(options)  # duplicate-window: the message-ids taken recently (the router checks it)
 
     # ----- inspection -------------------------------------------------------------------------------------------
@@ -764,7 +765,10 @@ class Queue:
         """Paged messages dequeued without being read back: the observers see a copy without a body."""
         if self.paged is not None and not self.paged:
             self._unpage()
+        marks = self.paged_marks
         for pos, loc, _ in gone:
+            if marks:
+                marks.pop(pos, None)
             stub = Entry(pos, _EMPTY, 0, None, DURABLE)
             stub.seg = loc
             stub.state = PAGED
@@ -881,11 +885,24 @@ class Queue:
         return max(top, extra[-1].position) if extra else top
 
     def load(self, entries: list[Entry]) -> None:
-        """Paged messages read back (from `next_paged`, in order): at the top of what is in memory."""
+        """Paged messages read back (from `next_paged`, in order): at the top of what is in memory; what a replica
+        was told of them meanwhile (`mark_paged`) applied."""
+        marks = self.paged_marks
         for e in entries:
             self._append(e)
+            if marks:
+                for apply in marks.pop(e.position, ()):
+                    apply(self, e)
         if self.paged is not None and not self.paged:
             self._unpage()
+
+    def mark_paged(self, position: int, apply: Any) -> bool:
+        """A change to the paged message at `position` (a replica's acquired or released state from its primary):
+        `apply(queue, entry)` once it is read back. False if no such message is paged."""
+        if self.paged is None or position not in self.paged:
+            return False
+        self.paged_marks.setdefault(position, []).append(apply)
+        return True
 
     def _expire(self, entry: Entry) -> None:
         self.stats.expired += 1

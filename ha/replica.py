@@ -9,6 +9,7 @@ backup applies a transaction all or none.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -69,6 +70,20 @@ class BackupSide(Protocol):
     def acked_range(self, queue: str, first: int, last: int) -> None: ...
 
     def dequeue_applied(self, queue: str, lo: int, hi: int) -> None: ...
+
+
+def _held(q: Queue, e: Entry) -> None:
+    """A consumer of the primary holds the message: kept as after a failover (one more delivery, redelivered)."""
+    if not e.flags & HELD:
+        e.flags |= HELD | REDELIVERED
+        e.count += 1
+
+
+def _released(q: Queue, e: Entry, r: B.Released) -> None:
+    """The primary's consumer gave it back: its count as the primary has it (journaled here too)."""
+    e.count -= 1 if e.flags & HELD else 0  # back to the count journaled: a holder's +1 was a guess
+    e.flags = (e.flags & ~(HELD | REDELIVERED)) | (r.flags & REDELIVERED)
+    q.recount(e, r.delivery_count)  # a failed delivery on the primary
 
 
 class QueueReplicator:
@@ -207,21 +222,25 @@ class QueueReplicator:
 
     @staticmethod
     def _apply_state(q: Queue, r: B.Acquired | B.Released | B.Window) -> None:
+        """The primary's consumers took (Acquired) or gave back (Released) messages. One this backup has paged is
+        changed when it is read back (`Queue.mark_paged`): its delivery count and redelivered flag were lost."""
         entries = q.entries
         if isinstance(r, B.Acquired):
             lo, hi = r.lo, r.hi
             span = range(lo, hi + 1) if hi - lo < len(entries) else [p for p in entries if lo <= p <= hi]
             for pos in span:
                 e = entries.get(pos)
-                if e is not None and not e.flags & HELD:
-                    e.flags |= HELD | REDELIVERED
-                    e.count += 1
+                if e is not None:
+                    _held(q, e)
+            if q.paged is not None:
+                for pos in list(itertools.takewhile(lambda p: p <= hi, q.paged.positions_after(lo - 1))):
+                    q.mark_paged(pos, _held)
         elif isinstance(r, B.Released):
             e = entries.get(r.position)
             if e is not None:
-                e.count -= 1 if e.flags & HELD else 0  # back to the count journaled: a holder's +1 was a guess
-                e.flags = (e.flags & ~(HELD | REDELIVERED)) | (r.flags & REDELIVERED)
-                q.recount(e, r.delivery_count)  # a failed delivery on the primary: journaled here too
+                _released(q, e, r)
+            else:
+                q.mark_paged(r.position, lambda q2, e2, r=r: _released(q2, e2, r))
         elif q.dedup is not None:
             q.dedup.replace(r.items, time.time())
 

@@ -16,8 +16,10 @@ from proton import Message
 from broker.config import BrokerConfig
 from broker.errors import QueueFull
 from broker.message import last_value_key_of
-from broker.queue import DequeueReason, Queue
+from broker.queue import DURABLE, HELD, DequeueReason, Queue
 from broker.server import Server
+from ha.core import batch as B
+from ha.replica import QueueReplicator
 
 BOUND = 100_000  # --max-memory: recovery reads ~32 KB of bodies, the rest is only indexed
 
@@ -226,3 +228,32 @@ def test_paged_messages_whose_segment_cannot_be_read_stay_on_their_queue_and_are
     s = start(tmp_path)
     restart.append(s)
     assert s.wiring.queues["orders"].depth == 0  # consumed, and journaled as such
+
+
+def test_a_backup_keeps_what_its_primary_says_of_a_message_it_has_paged(
+        tmp_path: Path, restart: list[Server]) -> None:
+    """The primary's consumers took message 1 and failed it three times (Released, count 3), and hold message 2
+    (Acquired): on a backup that has both paged, that was dropped (after a failover message 1 came back with its
+    old count, so delivery-limit undercounted, and message 2 not as redelivered). Applied when read back, and
+    journaled."""
+    s = start(tmp_path)
+    restart.append(s)
+    store = s.store
+    assert store is not None
+    q, _ = s.wiring.declare_queue("q", {"durable": True})
+    for pos in range(1, 11):
+        q.enqueue_replica(pos, b"m%d" % pos, 0, DURABLE, 0, None)  # as a backup applies its primary's messages
+    commit(s)
+    store.page_out(q, 1 << 20)
+    assert q.paged_count == 10
+    QueueReplicator._apply_state(q, B.Acquired("A", 1, 2))
+    QueueReplicator._apply_state(q, B.Released("R", 1, 1, 3))
+    store.page_in(q, 1 << 20)
+    one, two = q.entries[1], q.entries[2]
+    assert (one.count, one.redelivered) == (3, True)
+    assert (two.count, two.redelivered, bool(two.flags & HELD)) == (1, True, True)
+    commit(s)
+    stop(s)
+    s = start(tmp_path)
+    restart.append(s)
+    assert s.wiring.queues["q"].entries[1].count == 3
