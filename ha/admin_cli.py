@@ -220,13 +220,18 @@ def purge(obj: Ctx, queue: str) -> None:
 @click.option("--count", type=click.IntRange(min=1), default=None, help="move only the oldest COUNT messages")
 @click.pass_obj
 def move(obj: Ctx, source: str, destination: str, count: int | None) -> None:
-    """Move the available messages of SOURCE (or the oldest --count) to DESTINATION (on the primary)."""
-    body: dict[str, Any] = {"destination": destination}
-    if count is not None:
-        body["count"] = count
-    r = obj.call_type("MOVE", "queue", source, body)
-    click.echo(f"moved {r.body['moved']} messages from {source} to {destination} "
-               f"({r.body['depth']} left on {source})")
+    """Move the available messages of SOURCE (or the oldest --count) to DESTINATION (on the primary). Messages paged
+    to disk (--max-memory) go a part at a time, each part whole."""
+    moved = 0
+    while True:
+        body: dict[str, Any] = {"destination": destination}
+        if count is not None:
+            body["count"] = count - moved
+        r = obj.call_type("MOVE", "queue", source, body)
+        moved += r.body["moved"]
+        if not r.body.get("more") or not r.body["moved"] or (count is not None and moved >= count):
+            break
+    click.echo(f"moved {moved} messages from {source} to {destination} ({r.body['depth']} left on {source})")
 
 
 @cli.command()
