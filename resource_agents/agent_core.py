@@ -237,9 +237,19 @@ def promotion_score(
         return max(BEST_READY_SCORE - RANK_STEP * len(better), MIN_READY_SCORE)
     if restart is not None and restart.decision.action is RestartAction.PROMOTE:
         return NEWEST_STORE_SCORE if restart.winner_node == node else None
-    if _brand_new(own) and not _anyone_serving(node, published, standings) and _no_store(restart):
+    if _bootstrap(own, restart) and not _anyone_serving(node, published, standings) and _no_store(restart):
         return BOOTSTRAP_SCORE
     return None
+
+
+def _bootstrap(own: BrokerStatus, restart: Restart | None) -> bool:
+    """A new cluster's first primary may come from this broker: it never followed a primary (epoch 0), or every
+    journal says nobody was ever primary or ready (the restart rule's NEW_CLUSTER: a first primary that crashed
+    before its first journal sync left its backups with an epoch they adopted, and nothing confirmed)."""
+    if _brand_new(own):
+        return True
+    return (own.role == "backup" and own.state == "joining" and restart is not None
+            and restart.decision.action is RestartAction.NEW_CLUSTER)
 
 
 def dropped_ready(
@@ -347,14 +357,14 @@ def decide_promote(
                 better_node=restart.winner_node,
             )
         return PromoteDecision(PromoteAction.REFUSE, f"whole-cluster restart: {d.describe()}")
-    if _brand_new(own) and not _anyone_serving(node, published, standings):
+    if _bootstrap(own, restart) and not _anyone_serving(node, published, standings):
         ahead = _most_current(
-            {n: s for n, s in others.items() if _brand_new(s) and s.currency > own.currency}
+            {n: s for n, s in others.items() if _bootstrap(s, restart) and s.currency > own.currency}
         )
         if ahead is not None:
             return _abort_for(ahead, own, others[ahead])
-        return PromoteDecision(
-            PromoteAction.PROMOTE, "bootstrap: brand-new cluster, nobody serving", epoch=new_epoch
+        return PromoteDecision(  # an adopted epoch: only force promotes from joining (nothing was confirmed)
+            PromoteAction.PROMOTE, "bootstrap: brand-new cluster, nobody serving", epoch=new_epoch, force=own.epoch > 0
         )
     return PromoteDecision(
         PromoteAction.REFUSE,

@@ -387,3 +387,18 @@ def test_a_ready_backup_its_primary_dropped_is_not_promoted_while_the_newer_list
     assert core.promotion_score("n2", current, {"n2": current}, None, standings, "b2") == core.BEST_READY_SCORE
     older = {n: s for n, s in standings.items() if n == "n3"}
     assert core.promotion_score("n3", stale, published, None, older, "b3") == core.BEST_READY_SCORE
+
+
+def test_a_new_cluster_whose_first_primary_crashed_before_its_first_sync_gets_a_primary() -> None:
+    """Every broker adopted epoch 1 from the first primary, which crashed before its journal held anything: no
+    journal holds a store (the restart rule says NEW_CLUSTER), yet none is brand new (epoch 0). The nodes get the
+    bootstrap score and the promote forces (nothing was confirmed); it stayed without a primary."""
+    adopted = backup("joining", epoch=1, position=0)
+    standings = {n: core.Standing(f"b{n[-1]}", 1, 0) for n in ("n1", "n2", "n3")}
+    published = {n: adopted for n in standings}
+    r = core.whole_cluster_restart("n1", adopted, published, standings, expected=3)
+    assert r is not None and r.decision.action is core.RestartAction.NEW_CLUSTER
+    assert core.promotion_score("n1", adopted, published, r, standings, "b1") == core.BOOTSTRAP_SCORE
+    d = core.decide_promote("n1", adopted, published, r, standings, "b1")
+    assert (d.action, d.force, d.epoch) == (PromoteAction.PROMOTE, True, 2)
+    assert core.promotion_score("n1", adopted, published, None) is None  # without the journals: no
