@@ -666,8 +666,8 @@ def whole_cluster_restart(
 #
 # The format is broker/store/records.py's: segment files NNNNNNNN.jnl under DATA_DIR/journal, each a header
 # "UJNL" format:u16 segment:u32, then records length:u32 crc32:u32 kind:u8 payload (crc32 over kind and payload).
-# Every segment starts with a checkpoint (each durable queue with its next position, the HA standing), so the last
-# two segments say everything needed here. Only the record kinds below are read; the rest are skipped.
+# Every segment starts with a checkpoint (each durable queue with its next position, the HA standing), so the segments
+# from the newest whole checkpoint on say everything needed here. Only the record kinds below are read; the rest are skipped.
 
 JOURNAL_MAGIC = b"UJNL"
 JOURNAL_FORMAT = 3  # 3: MARK records (skipped) and zero-filled segments (their zeros end a scan)
@@ -702,13 +702,20 @@ def read_standing(data_dir: str, name: str) -> Standing:
     numbers = sorted(int(n[:-4]) for n in names if n.endswith(".jnl") and n[:-4].isdigit())
     queues: dict[int, tuple[dict[str, object], int]] = {}  # qid -> (QUEUE document, highest position)
     state: dict[str, object] = {}
-    for number in numbers[-2:]:
+    # From the newest segment whose checkpoint is whole (it holds the HA standing) to the last: a crash between a
+    # new segment's header and its checkpoint, at two starts in a row, leaves more than one without.
+    chosen: list[tuple[int, str, bytes]] = []
+    for number in reversed(numbers):
         path = os.path.join(directory, f"{number:08d}.jnl")
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as exc:
             raise JournalUnreadable(f"{path}: {exc.strerror or exc}") from None
+        chosen.append((number, path, data))
+        if _replay_segment(data, path, {}, {}, last=number == numbers[-1]):
+            break
+    for number, path, data in reversed(chosen):
         state = _replay_segment(data, path, queues, state, last=number == numbers[-1])
     position = 0
     for doc, highest in queues.values():

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import broker.store.records as R
 import broker.store.tools as T
+from broker.store.store import read_journal
 from ha.core import restart as rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "resource_agents"))
@@ -166,3 +167,19 @@ def test_read_standing_tells_damage_from_a_torn_tail_as_the_broker_does(tmp_path
 def test_the_agents_mark_record_is_the_brokers() -> None:
     assert (core._JMARK_MAGIC, core._JMARK.size, core._JMARK_SIZE, core._MARK) == (
         R.MARK_MAGIC, R._MARK.size, R.MARK_SIZE, R.MARK)
+
+
+def test_read_standing_goes_back_to_the_newest_whole_checkpoint(tmp_path: Path) -> None:
+    """Two starts in a row killed between a new segment's header and its checkpoint leave two segments without
+    one: the standing is the one the broker recovers (it read the last two only, and published a fresh one)."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    v = {"epoch": 3, "seq": 6, "primary": "b1", "ready": ["b2"]}
+    (journal / "00000001.jnl").write_bytes(segment(
+        1, R.document(R.STATE, {"epoch": 3, "role": "primary", "state": "active", "ready_epoch": 3, "view": v}),
+        R.queue(1, "q", "u1", {}, 1), R.enqueue(1, 1, 2, 1, 0, None, b"m1"), R.enqueue(1, 2, 2, 1, 0, None, b"m2")))
+    (journal / "00000002.jnl").write_bytes(segment(2))
+    (journal / "00000003.jnl").write_bytes(segment(3))
+    s = core.read_standing(str(tmp_path), "b1")
+    assert s == core.Standing("b1", 3, 2, 3, core.ReadyView(3, 6, "b1", frozenset({"b2"})))
+    assert read_journal(journal)[0].state["view"] == v  # what the broker recovers
