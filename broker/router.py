@@ -79,7 +79,7 @@ class Router:
             self._presettled(pub, d)
             return
         c = Completion(pub, d)
-        if routed and self.extensions:
+        if (routed or dropped is not None) and self.extensions:  # a duplicate too: a recovering primary holds it
             if self.groups:
                 self.hold_groups_of(t for t, _ in routed)  # keeps each queue's holds in position order
             for ext in self.extensions:
@@ -137,14 +137,21 @@ class Router:
         if c.pending > 1:
             keys = [(q.name, mid) for q, _ in routed if q.dedup is not None]
             if keys:
-                c.keys = keys
+                c.keys = keys if c.keys is None else c.keys + keys  # a commit's: of each of its messages
                 for k in keys:
                     unconfirmed[k] = c
 
-    def enqueue_committed(self, address: str, data: bytes) -> list[tuple[Queue, Entry]]:
-        """A committed transaction's message (broker.transactions, which checked routes and room first)."""
+    def enqueue_committed(self, address: str, data: bytes) -> tuple[list[tuple[Queue, Entry]], Dropped]:
+        """A committed transaction's message (broker.transactions, which checked routes and room first): where it
+        went, and for a windowed one its id and the windows that dropped it (`follow` them)."""
         priority, expires, durable = decode(data, trusted=True)
-        return self._route(address, self.queues.get(address), data, priority, expires, durable)[0]
+        return self._route(address, self.queues.get(address), data, priority, expires, durable)
+
+    def follow(self, c: Completion, routed: list[tuple[Queue, Entry]], dropped: Dropped) -> None:
+        """`c` (its holds counted) answers a windowed message `routed` as `dropped` says: after the originals that
+        are not answered yet, and remembered until it is answered itself (`_follow`)."""
+        if dropped is not None:
+            self._follow(c, routed, *dropped)
 
     def check_refusing(self, address: str, targets: list[Queue], durable: bool) -> None:
         """Raise as `route` would while the broker is refusing (journal failed, memory over the bound)."""

@@ -217,7 +217,7 @@ class Transactions:
             self.server.wake(coordinator)
             return
         try:
-            routed, dequeued = self.commit(txn)
+            routed, dequeued, windowed = self.commit(txn)
         except MessageRefused as e:
             self.rollback(txn, "commit_failed")
             log.warning("transaction.commit_failed", connection=txn.conn.id, condition=e.condition,
@@ -228,7 +228,7 @@ class Transactions:
         for ext in self.server.extensions:
             ext.committed(touched)
         c = Completion(coordinator, d)
-        if routed:
+        if routed or windowed:  # (a retry whose messages the windows all dropped: a recovering primary holds it)
             self.server.router.hold_groups_of(q for q, _ in routed)  # this pass's earlier deliveries first
             for ext in self.server.extensions:
                 if ext.hold(c, routed):
@@ -237,19 +237,26 @@ class Transactions:
             c.pending += 1
             if not self.server.hold_accept(c, q):
                 c.pending -= 1
+        for went, dropped in windowed:  # a retry is answered after the commit it repeats, as a resend would be
+            self.server.router.follow(c, went, dropped)
         c.release()
 
-    def commit(self, txn: Transaction) -> tuple[list[tuple[Queue, Entry]], list[Queue]]:
+    def commit(self, txn: Transaction) -> tuple[list[tuple[Queue, Entry]], list[Queue], list[tuple[Any, Any]]]:
         """Apply the transaction whole (raises MessageRefused, having applied nothing). Returns where its messages
-        were enqueued and the queues whose messages its accepts and rejects dequeued."""
+        were enqueued, the queues whose messages its accepts and rejects dequeued, and for each windowed message
+        where it went and what its windows dropped (`Router.follow`)."""
         self._check(txn)
         self._end(txn)
         if self.server.store is not None:  # on disk, all of what follows in this pass or none of it
             self.server.store.journal.begin_unit()
         router = self.server.router
         routed: list[tuple[Queue, Entry]] = []
+        windowed: list[tuple[Any, Any]] = []
         for address, data in txn.messages:
-            routed += router.enqueue_committed(address, data)
+            went, dropped = router.enqueue_committed(address, data)
+            routed += went
+            if dropped is not None:
+                windowed.append((went, dropped))
         dequeued: dict[Queue, None] = {}  # in order, once each
         for t in txn.taken:
             q, e = t.queue, t.entry
@@ -264,7 +271,7 @@ class Transactions:
                 self.server.dead_letter(q, data)
         self.committed += 1
         log.debug("transaction.committed", connection=txn.conn.id, messages=len(txn.messages), count=len(txn.taken))
-        return routed, list(dequeued)
+        return routed, list(dequeued), windowed
 
     def _check(self, txn: Transaction) -> None:
         """Raise MessageRefused unless every held message can be enqueued now (room counted for all of them), and

@@ -26,6 +26,7 @@ from proton.reactor import Container
 from tests.support.amqp import connect, mgmt, settle_last
 from tests.support.cluster import Cluster
 from tests.support.procs import wait_for
+from tests.support.txn import Txn
 
 Make = Callable[..., Cluster]
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,6 +221,69 @@ def test_a_resend_to_the_same_primary_is_answered_only_after_its_original(cluste
     c.promote(1)
     c.wait_state(1, "recovering", "active")
     assert [m.body for m in _take_all(c[1].url, "resend")] == [1]
+
+
+def test_a_retried_transaction_whose_messages_the_window_drops_is_answered_only_after_the_first_commit(
+        cluster: Make) -> None:
+    """A client loses its connection while its commit waits for the backup, and retries the transaction with the
+    same message-ids: the window drops them, and the retry is answered only once the first commit is (it was
+    answered at once: a primary dying before the backup had the first commit lost the message the client was told
+    was committed)."""
+    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "tq", {"arguments": {"duplicate-window": 100}})
+    first, second = connect(c[0].url), connect(c[0].url)
+    c[1].signal(signal.SIGSTOP)
+    try:
+        t1 = Txn(first)
+        t1.send(first.create_sender("tq"), Message(id="order-42", body=42, durable=True))
+        t1.start_commit()
+        assert t1.answered(0.5) is None  # it waits for the backup
+        t2 = Txn(second)
+        t2.send(second.create_sender("tq"), Message(id="order-42", body=42, durable=True))
+        t2.start_commit()
+        assert t2.answered(1.0) is None
+    finally:
+        c[1].signal(signal.SIGCONT)
+    assert t2.answered(10) == "committed" and t1.answered(10) == "committed"
+    first.close()
+    second.close()
+    c[0].kill()
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    assert [m.body for m in _take_all(c[1].url, "tq")] == [42]
+
+
+def test_a_resend_the_window_drops_is_held_while_a_new_primary_recovers(cluster: Make) -> None:
+    """A new primary holds what it takes until the backups that were ready before are back (recovery): a resend
+    its window drops is held too (it was answered at once; were the new primary to die before the other backup
+    had the original, the resend confirmed would be lost)."""
+    c = cluster(3)
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", "rq", {"arguments": {"duplicate-window": 100}})
+    sender = connect(c[0].url)
+    sender.create_sender("rq").send(Message(id="m-1", body=1, durable=True))
+    sender.close()
+    c[2].signal(signal.SIGSTOP)
+    try:
+        c[0].kill()
+        c.promote(1)
+        assert c.wait_state(1, "recovering", "active")["state"] == "recovering"
+        conn = connect(c[1].url)
+        link = conn.create_sender("rq").link
+        fresh = link.send(Message(id="m-2", body=2, durable=True))
+        resend = link.send(Message(id="m-1", body=1, durable=True))
+        with contextlib.suppress(Timeout):
+            conn.wait(lambda: resend.settled, timeout=1.0)
+        assert not resend.settled and not fresh.settled
+    finally:
+        c[2].signal(signal.SIGCONT)
+    conn.wait(lambda: resend.settled and fresh.settled, timeout=20)
+    assert resend.remote_state == Delivery.ACCEPTED and fresh.remote_state == Delivery.ACCEPTED
+    conn.close()
+    assert [m.body for m in _take_all(c[1].url, "rq")] == [1, 2]
 
 
 def test_messages_delivered_but_not_settled_come_back_after_failover_marked_redelivered(cluster: Make) -> None:
