@@ -247,8 +247,9 @@ class Transactions:
         where it went and what its windows dropped (`Router.follow`)."""
         self._check(txn)
         self._end(txn)
-        if self.server.store is not None:  # on disk, all of what follows in this pass or none of it
-            self.server.store.journal.begin_unit()
+        store = self.server.store
+        if store is not None:  # on disk, all of what follows until `end_unit` or none of it
+            store.begin_unit()
         router = self.server.router
         routed: list[tuple[Queue, Entry]] = []
         windowed: list[tuple[Any, Any]] = []
@@ -269,6 +270,8 @@ class Transactions:
                 data = e.data
                 q.dequeue(e, DequeueReason.REJECTED)
                 self.server.dead_letter(q, data)
+        if store is not None:
+            store.end_unit()
         self.committed += 1
         log.debug("transaction.committed", connection=txn.conn.id, messages=len(txn.messages), count=len(txn.taken))
         return routed, list(dequeued), windowed
@@ -298,8 +301,8 @@ class Transactions:
                     current_key(o.lvq_key)  # a key no last-value queue can take refuses the whole transaction
                 if o.ring or o.lvq_key is not None:
                     continue
-                if (o.max_count is not None and len(q.entries) + n[0] > o.max_count) or (
-                        o.max_size is not None and q.bytes + n[1] > o.max_size):
+                if (o.max_count is not None and q.depth + n[0] > o.max_count) or (  # paged ones count (has_room)
+                        o.max_size is not None and q.all_bytes + n[1] > o.max_size):
                     raise QueueFull(f"queue {q.name} has no room for the transaction's messages "
                                     "(max-count/max-size, policy reject)")
 

@@ -233,6 +233,7 @@ class Journal:
         self.pending: list[bytes] = []  # appended in this pass, not yet written
         self.pending_bytes = 0
         self.unit_at: int | None = None  # index in `pending` of this pass's UNIT record (filled in at commit)
+        self.unit_end: int | None = None  # index in `pending` of the first record after the unit (None: to the end)
         self.ticket = 0  # last commit handed to the syncer
         self.synced = 0  # last commit known to be on disk
         self.ends: deque[tuple[int, int, int, float]] = deque()  # (ticket, segment, size after it, monotonic time
@@ -366,10 +367,13 @@ class Journal:
         self.retired.clear()
 
     # ----- appending -----------------------------------------------------------------------------------------------
-    def _carry(self, records: list[bytes], unit_at: int | None) -> None:
-        """A commit failed: what of it the next one writes first (nothing of a unit; what came before it in the
-        pass, and what earlier failed commits carried, is kept as from any commit)."""
-        kept = R.carried(records if unit_at is None else records[:unit_at])
+    def _carry(self, records: list[bytes], unit_at: int | None, unit_end: int | None = None) -> None:
+        """A commit failed: what of it the next one writes first (nothing of a unit; what came before and after it
+        in the pass, and what earlier failed commits carried, is kept as from any commit)."""
+        if unit_at is None:
+            kept = R.carried(records)
+        else:
+            kept = R.carried(records[:unit_at]) + (R.carried(records[unit_end:]) if unit_end is not None else [])
         self.pending, self.pending_bytes = kept, sum(len(r) for r in kept)
 
     def append(self, record: bytes) -> None:
@@ -383,6 +387,12 @@ class Journal:
             self.unit_at = len(self.pending)
             self.append(b"")  # the place (and the bytes: offsets of what follows stay right) of the UNIT record
             self.pending_bytes += R.UNIT_SIZE
+        self.unit_end = None  # a second commit in the pass: the unit goes on to its end
+
+    def end_unit(self) -> None:
+        """The unit ends here: what the pass appends after it is not part of it."""
+        if self.unit_at is not None:
+            self.unit_end = len(self.pending)
 
     def commit(self) -> int | None:
         """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises
@@ -392,24 +402,27 @@ class Journal:
         if not self.pending:
             return None
         at, self.unit_at = self.unit_at, None
+        end, self.unit_end = self.unit_end, None
         if at is not None:
-            if at == len(self.pending) - 1:  # nothing followed (a commit of non-durable work): no unit
-                self.pending.pop()
+            if end is None:
+                end = len(self.pending)
+            if end == at + 1:  # nothing in it (a commit of non-durable work): no unit
+                del self.pending[at]
                 self.pending_bytes -= R.UNIT_SIZE
-                at = None
+                at = end = None
                 if not self.pending:
                     return None
             else:
-                self.pending[at] = R.unit(sum(len(r) for r in self.pending[at + 1:]))
+                self.pending[at] = R.unit(sum(len(r) for r in self.pending[at + 1:end]))
         records = self.pending
         if self.fd < 0:
-            self._carry(records, at)
+            self._carry(records, at, end)
             raise R.JournalError("journal: no segment open")
         size = self.pending_bytes + R.MARK_SIZE  # what the write below will be, known before it is joined
         if self.size + size > R.LOC_OFFSET:
             # Only a pass that gathers gigabytes of durable messages (segments of up to 2 GiB, messages of up to
             # 1 GiB) gets here; written, their locations would run into the segment number's bits.
-            self._carry(records, at)
+            self._carry(records, at, end)
             self.overflowed = True
             raise SegmentFull(
                 f"journal: a commit of {size} bytes would take {segment_name(self.segment)} ({self.size} bytes) "
@@ -423,7 +436,7 @@ class Journal:
         try:
             _write_all(self.fd, data, self.size)
         except BrokerError:
-            self._carry(records, at)
+            self._carry(records, at, end)
             raise
         finally:
             self.blocked_since = 0.0

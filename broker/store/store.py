@@ -707,11 +707,7 @@ class Store(Extension):
     def end_of_pass(self) -> bool:
         if self.windowed:
             self._journal_windows(False)
-        if self.dequeues:
-            dq, self.dequeues = self.dequeues, {}
-            self.dequeued_top.clear()
-            for qid, positions in dq.items():
-                self._write_dequeues(qid, positions)
+        self._flush_dequeues()
         wrote = self._commit()
         if self.journal.full() and self.failed is None:
             try:
@@ -726,6 +722,26 @@ class Store(Extension):
                 if q.parked:
                     self.parking.add(q)  # the journal could not write them: again once it can
         return wrote
+
+    def _flush_dequeues(self) -> None:
+        """Journal the dequeues gathered so far in this pass."""
+        if self.dequeues:
+            dq, self.dequeues = self.dequeues, {}
+            self.dequeued_top.clear()
+            for qid, positions in dq.items():
+                self._write_dequeues(qid, positions)
+
+    def begin_unit(self) -> None:
+        """A transaction's commit starts: what it journals until `end_unit` stands or falls together at recovery
+        (and on a failed write); what the pass journaled before it (consumers' dequeues too) goes before it."""
+        self._flush_dequeues()
+        self.journal.begin_unit()
+
+    def end_unit(self) -> None:
+        """The commit is applied: its dequeues into the unit, and what the pass journals after it goes after it
+        (carried like any other if the write fails)."""
+        self._flush_dequeues()
+        self.journal.end_unit()
 
     def _write_dequeues(self, qid: int, positions: list[int]) -> None:
         """Journal dequeues of one queue as ranges."""

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from proton import Message
 
 from broker.config import BrokerConfig
 from broker.engine.engine import AFTER_FLUSH_ROUNDS
@@ -23,6 +24,7 @@ from broker.store import journal as J
 from broker.store import records as R
 from broker.store.journal import INLINE_OFF, INLINE_SYNC_BYTES, INLINE_SYNC_SLOW, segment_name
 from broker.store.store import read_journal
+from broker.transactions import ACCEPTED, Taken
 
 
 @pytest.fixture
@@ -581,3 +583,47 @@ def test_a_paged_message_that_cannot_be_read_back_holds_no_segment_on_disk(serve
     store.end_of_pass()  # a roll-over: the first segment has nothing live
     settle(server)
     assert first not in store.segments and not (tmp_path / "journal" / segment_name(first)).exists()
+
+
+def test_a_failed_write_of_a_pass_with_a_commit_keeps_what_the_pass_journaled_besides_the_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction's unit held everything its pass journaled after the commit began (the pass's other dequeues
+    too, a queue declared later in it): a failed write dropped all of it for good while memory went on. Now the
+    unit is the commit's own records: what came before and after it is carried to the next write that succeeds,
+    and only the commit fails (its accept comes back after a restart, as its client was told it failed)."""
+    s = Server(BrokerConfig(port=0, data_dir=tmp_path), "unit")
+    s.start()
+    store = s.store
+    assert store is not None
+    qin, _ = s.wiring.declare_queue("in", {"durable": True})
+    s.wiring.declare_queue("out", {"durable": True})
+    x, z = qin.enqueue(b"X", durable=True), qin.enqueue(b"Z", durable=True)
+    store.end_of_pass()
+    settle(s)
+    assert qin.acquire_next() is x and qin.acquire_next() is z
+    qin.dequeue(z, DequeueReason.ACCEPTED)  # another consumer's accept, earlier in the pass
+    coordinator = SimpleNamespace(conn=SimpleNamespace(id="c1"), txns={})
+    txn = s.transactions.declare(coordinator)  # type: ignore[arg-type]
+    txn.messages.append(("out", bytes(Message(body="Y", durable=True).encode())))
+    txn.taken.append(Taken(None, qin, x, ACCEPTED))  # type: ignore[arg-type]
+    s.transactions.commit(txn)
+    s.wiring.declare_queue("late", {"durable": True})  # a management CREATE later in the same pass
+    real = J._write_all
+
+    def eio(*_: object) -> None:
+        raise R.JournalError("journal: simulated EIO")
+
+    monkeypatch.setattr(J, "_write_all", eio)
+    store.end_of_pass()
+    monkeypatch.setattr(J, "_write_all", real)
+    assert store.failed is not None
+    deadline = time.monotonic() + 5
+    while store.failed is not None and time.monotonic() < deadline:  # the probe writes what was carried
+        s.engine.run_once(0.05)
+    settle(s)
+    store.close()
+    s.engine.close()
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    assert {d["name"] for d in image.queues.values()} == {"in", "out", "late"}
+    (qid,) = [q for q, d in image.queues.items() if d["name"] == "in"]
+    assert [e.data for e in image.messages[qid].values()] == [b"X"]  # Z's accept kept; the commit's not
