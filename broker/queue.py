@@ -736,8 +736,7 @@ class Queue:
                 self._trim()
         for o in self.observers:
             o.dequeued(self, entry, reason)
-        if not entry.flags & WINDOWED:  # (a windowed one's id may still have to reach the backups: ha.replicating)
-            entry.data = _EMPTY  # a dead entry may linger in the spine: keep it small
+        entry.data = _EMPTY  # a dead entry may linger in the spine: keep it small
 
     def dequeue_positions(self, positions: Iterable[int], reason: DequeueReason) -> int:
         n = 0

@@ -198,10 +198,7 @@ class QueueReplicator:
                 self.backup.dequeue_applied(q.name, r[0], r[1])  # type: ignore[misc, arg-type]
             else:
                 pos, level, flags, count, expires, body = r  # type: ignore[misc]
-                if flags & B.FLAG_GONE:  # consumed on the primary before it was sent: its id only
-                    if flags & WINDOWED:
-                        self._window_id(q, body)
-                elif pos not in entries and (q.paged is None or pos not in q.paged):
+                if pos not in entries and (q.paged is None or pos not in q.paged):
                     e = q.enqueue_replica(pos, body, level, flags, count, expires)
                     if flags & (HELD | WINDOWED):
                         self._apply_flags(q, e, flags, body)
@@ -217,13 +214,7 @@ class QueueReplicator:
         if flags & HELD:
             e.flags |= HELD | REDELIVERED
             e.count += 1
-        if flags & WINDOWED:
-            QueueReplicator._window_id(q, body)
-
-    @staticmethod
-    def _window_id(q: Queue, body: bytes) -> None:
-        """The message's id enters our window, as it entered the primary's."""
-        if q.dedup is not None:
+        if flags & WINDOWED and q.dedup is not None:
             decode(body, trusted=True)
             k = id_key(current_message_id())
             if k is not None:

@@ -23,18 +23,10 @@ from broker.engine import raw
 from broker.links import AcceptToken, Completion, LinkHandler
 from broker.log import get_logger
 from broker.paging import Paged
-from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, WINDOWED, DequeueReason, Entry, Queue
+from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReason, Entry, Queue
 from ha import protocol as P
 from ha.core.accepts import AcceptGroup, DequeueWaits
-from ha.core.batch import (
-    ENQUEUE,
-    FLAG_GONE,
-    VERSION_GONE,
-    BatchWriter,
-    is_binary_acks,
-    negotiate,
-    parse_acks,
-)
+from ha.core.batch import ENQUEUE, BatchWriter, is_binary_acks, negotiate, parse_acks
 from ha.core.catchup import BackupCatchup
 from ha.core.guards import GuardBook
 from ha.core.idset import PositionSet
@@ -112,8 +104,8 @@ class QueueWatch:
     the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
     browser. Per message it only appends to a list or a range set."""
 
-    __slots__ = ("accepts", "fresh", "gone", "gone_windowed", "held_bytes", "held_positions", "held_tokens",
-                 "primary", "queue", "returned", "scheduled", "senders", "taken")
+    __slots__ = ("accepts", "fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue",
+                 "returned", "scheduled", "senders", "taken")
 
     def __init__(self, primary: PrimarySide, queue: str) -> None:
         self.primary = primary
@@ -121,7 +113,6 @@ class QueueWatch:
         self.senders: dict[str, ReplicatingSender] = {}
         self.fresh: list[Entry] = []
         self.gone = PositionSet()
-        self.gone_windowed: list[int] = []  # of them, messages whose id entered the window: wait for the backups
         self.held_positions: list[int] = []  # client deliveries of this pass waiting for the backups
         self.held_tokens: list[Completion] = []
         self.held_bytes = 0
@@ -205,8 +196,6 @@ class QueueWatch:
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
         self.gone.add(entry.position)
-        if entry.flags & WINDOWED:
-            self.gone_windowed.append(entry.position)
         if not self.scheduled:
             self.scheduled = True
             self.primary.changed.append(self)
@@ -227,19 +216,7 @@ class QueueWatch:
         gone = self.gone
         if gone:
             self.gone = PositionSet()
-            released = gone
-            if self.gone_windowed:
-                # A publisher of a windowed message is confirmed once every backup has its id, dequeued or not:
-                # each browser sends it live (consumed before it went out: its id alone, batch version 4). Below a
-                # browser's snapshot the window it was sent whole has the id.
-                senders = [s for s in self.senders.values() if not s.closed]
-                if all(s.version >= VERSION_GONE for s in senders):
-                    floor = max((s.snapshot_max for s in senders), default=0)
-                    wait = [pos for pos in self.gone_windowed if pos > floor]
-                    if wait:
-                        released = gone.difference(PositionSet(wait))
-                self.gone_windowed = []
-            for c in p.guards.dequeued(self.queue, released):
+            for c in p.guards.dequeued(self.queue, gone):
                 c.release()
         ops = self._state_ops() if self.taken or self.returned else None
         group: AcceptGroup[AcceptToken] | None = None
@@ -453,13 +430,8 @@ class ReplicatingSender(LinkHandler):
             top = nbytes = 0
             while live and (room > 0 or live[0].position <= txn_top):
                 e = live.popleft()
-                flags = e.flags
                 if e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position)):
-                    # Dequeued meanwhile (paged out, read back and consumed): its dequeue range goes instead; but a
-                    # windowed message's id still goes (its publisher waits for it: QueueWatch.flush).
-                    if not (flags & WINDOWED and version >= VERSION_GONE and e.data):
-                        continue
-                    flags = (flags & (REDELIVERED | DURABLE | WINDOWED)) | FLAG_GONE
+                    continue  # dequeued meanwhile (paged out, read back and consumed): its dequeue range goes instead
                 if size >= limit and e.position > txn_top:  # never splits a transaction's part
                     w.size, w.count = size, count
                     self._send_live(w, top, nbytes)
@@ -472,6 +444,7 @@ class ReplicatingSender(LinkHandler):
                         return
                 data = e.data
                 n = len(data)
+                flags = e.flags
                 if e.state == ACQUIRED and version >= 2:
                     flags |= HELD
                 parts.append(pack(b"E", e.position, e.level, flags, e.count, e.expires or 0.0, n))

@@ -29,12 +29,6 @@ Version 3 (negotiated the same way) adds one record kind, always before any othe
             | "X" txn:u64 parts:u16                                           this batch is one part of transaction
                                                                               unit `txn`, which has `parts` parts
 
-Version 4 (negotiated the same way) adds one enqueue flag, 64 gone: the message was dequeued on the primary before
-this record could be sent, and is not to be kept; only its message-id enters the window (it comes with 32), and
-its position is acknowledged as any other. A windowed message's publisher is confirmed only once every backup has
-its id (a message consumed before its batch went out was confirmed with no backup knowing the id, and a resend
-after a failover was taken twice).
-
 A transaction unit is the transactions a pass of the primary committed (broker.transactions); it has one part per
 queue it touched that this backup replicates, each part a batch of that queue on the same connection holding all of
 the unit's records of that queue. The backup applies a part only together with all the others (ha.core.txnparts);
@@ -72,9 +66,8 @@ from typing import NamedTuple
 from broker.errors import BatchError
 
 VERSION = 1
-VERSION_MAX = 4  # the newest batch format this broker writes and reads
+VERSION_MAX = 3  # the newest batch format this broker writes and reads
 VERSION_TXN = 3  # the first version with transaction parts ("X")
-VERSION_GONE = 4  # the first version with the enqueue flag FLAG_GONE
 MAGIC = b"UB"
 _HEAD = MAGIC + bytes([VERSION])
 _HEADS = {v: MAGIC + bytes([v]) for v in range(1, VERSION_MAX + 1)}
@@ -97,7 +90,6 @@ _TXN = struct.Struct(">cQH")
 
 FLAG_ACQUIRED = 16  # version 2: a consumer holds the message (broker.queue.HELD on a backup)
 FLAG_WINDOWED = 32  # version 2: its message-id entered the queue's duplicate window (broker.queue.WINDOWED)
-FLAG_GONE = 64  # version 4: dequeued on the primary before it was sent: only its id (with FLAG_WINDOWED) is kept
 
 DEFAULT_LIMIT = 256 * 1024  # bytes of records per batch (a single larger message travels alone)
 

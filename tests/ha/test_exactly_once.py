@@ -21,7 +21,7 @@ from typing import Any
 
 from proton import Delivery, Message, Timeout
 from proton.handlers import MessagingHandler
-from proton.reactor import AtMostOnce, Container
+from proton.reactor import Container
 
 from tests.support.amqp import connect, mgmt, settle_last
 from tests.support.cluster import Cluster
@@ -284,45 +284,6 @@ def test_a_resend_the_window_drops_is_held_while_a_new_primary_recovers(cluster:
     assert resend.remote_state == Delivery.ACCEPTED and fresh.remote_state == Delivery.ACCEPTED
     conn.close()
     assert [m.body for m in _take_all(c[1].url, "rq")] == [1, 2]
-
-
-def test_a_message_consumed_before_its_batch_went_out_is_confirmed_only_once_the_backup_has_its_id(
-        cluster: Make) -> None:
-    """An at-most-once consumer takes the message in the pass that enqueued it, before the backup was sent it: the
-    publisher was confirmed at once, the backup never learned the id, and after a failover the publisher's resend
-    (its confirmation lost) was delivered again. Now the backup is sent the id alone (batch version 4) and the
-    publisher waits for it."""
-    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
-    c.start_with_primary(0)
-    with mgmt(c[0].url) as m:
-        m.call("CREATE", "queue", "eo", {"arguments": {"duplicate-window": 100}})
-    wait_for(lambda: any(e["event"] == "ha.catchup.end" and e.get("queue") == "eo" for e in c[0].events()),
-             what="the backup to catch up on queue eo")
-    consumer = connect(c[0].url)
-    receiver = consumer.create_receiver("eo", credit=10, options=AtMostOnce())
-    publisher = connect(c[0].url)
-    c[1].signal(signal.SIGSTOP)
-    try:
-        sent = publisher.create_sender("eo").link.send(Message(id="m-1", body=1, durable=True))
-        with contextlib.suppress(Timeout):
-            publisher.wait(lambda: sent.settled, timeout=1.0)  # it goes out
-        assert receiver.receive(5).body == 1  # consumed on the primary
-        with contextlib.suppress(Timeout):
-            publisher.wait(lambda: sent.settled, timeout=1.0)
-        assert not sent.settled  # the backup does not have its id yet
-    finally:
-        c[1].signal(signal.SIGCONT)
-    publisher.wait(lambda: sent.settled, timeout=10)
-    assert sent.remote_state == Delivery.ACCEPTED
-    publisher.close()
-    consumer.close()
-    c[0].kill()
-    c.promote(1)
-    c.wait_state(1, "recovering", "active")
-    resend = connect(c[1].url)
-    resend.create_sender("eo").send(Message(id="m-1", body=1, durable=True))  # as if the confirmation was lost
-    resend.close()
-    assert _take_all(c[1].url, "eo") == []
 
 
 def test_messages_delivered_but_not_settled_come_back_after_failover_marked_redelivered(cluster: Make) -> None:

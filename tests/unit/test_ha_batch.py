@@ -69,7 +69,7 @@ def _enq(pos: int, data: bytes, n: int | None = None) -> bytes:
         (b"", "not a replication batch"),
         (b"\x00\x53\x77\xa1\x03abc", "not a replication batch"),
         (_batch(_enq(1, b"abc"))[:-1], "transfer has"),
-        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x05", "version 5 is not supported"),
+        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x04", "version 4 is not supported"),
         (b"\x00\x53\x75\xb0\x00\x00\x00\x03XY\x01", "bad magic"),
         (_batch(_enq(0, b"a")), "position 0"),
         (_batch(_enq(5, b"abc", n=9)), "message truncated"),
@@ -105,7 +105,7 @@ def test_version_3_transaction_parts_come_first_and_back() -> None:
     assert records == [TxnPart("X", 5, 2), TxnPart("X", 6, 1), (1, 2), (9, 0, 2, 0, 0.0, b"nine")]
     assert txn_parts(records) == [(5, 2), (6, 1)]
     assert txn_parts(records[2:]) == [] and w.payload()[8:11] == b"UB\x03"
-    assert VERSION_MAX == 4
+    assert VERSION_MAX == 3
 
 
 def test_a_writer_of_version_2_has_no_transaction_parts() -> None:
@@ -133,7 +133,7 @@ def test_a_bad_transaction_part_is_refused_naming_the_problem(payload: bytes, sa
 
 @pytest.mark.parametrize(
     ("batch", "offered", "version"),
-    [(False, 3, 1), (True, None, 1), (True, 1, 1), (True, True, 1), (True, 2, 2), (True, 3, 3), (True, 4, 4), (True, 9, 4)],
+    [(False, 3, 1), (True, None, 1), (True, 1, 1), (True, True, 1), (True, 2, 2), (True, 3, 3), (True, 9, 3)],
 )
 def test_negotiation_gives_a_version_2_backup_version_2(batch: bool, offered: object, version: int) -> None:
     assert negotiate(batch, offered) == version
