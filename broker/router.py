@@ -132,7 +132,7 @@ class Router:
         unconfirmed = self.unconfirmed
         for q in duplicates:
             original = unconfirmed.get((q.name, mid))
-            if original is not None:
+            if original is not None and original is not c:  # (a commit holding the same id twice: itself)
                 c.follow(original)
         if c.pending > 1:
             keys = [(q.name, mid) for q, _ in routed if q.dedup is not None]

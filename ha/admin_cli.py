@@ -229,7 +229,9 @@ def move(obj: Ctx, source: str, destination: str, count: int | None) -> None:
             body["count"] = count - moved
         r = obj.call_type("MOVE", "queue", source, body)
         moved += r.body["moved"]
-        if not r.body.get("more") or not r.body["moved"] or (count is not None and moved >= count):
+        if count is None:  # what was there at the first request, not what publishers add meanwhile
+            count = moved + r.body["depth"]
+        if not r.body.get("more") or not r.body["moved"] or moved >= count:
             break
     click.echo(f"moved {moved} messages from {source} to {destination} ({r.body['depth']} left on {source})")
 

@@ -61,7 +61,7 @@ class Member:
     answered: dict[str, Any] | None = None  # the last STATUS this process answered (None: none since its start)
     silent_since: float | None = None  # when it last stopped answering while alive
     retry_at: float | None = None  # it refused to start: when to try again
-    _view_key: tuple[int, int] | None = None  # (segment, size) of the journal `_view` was read from
+    _view_key: tuple[int, int, int] | None = None  # (segment, size, mtime) of the journal `_view` was read from
     _view: ReadyView | None = None
 
     @property
@@ -75,7 +75,8 @@ class Member:
         directory = self.data_dir / "journal"
         try:
             numbers = segment_numbers(directory)
-            key = (numbers[-1], (directory / segment_name(numbers[-1])).stat().st_size) if numbers else None
+            st = (directory / segment_name(numbers[-1])).stat() if numbers else None
+            key = (numbers[-1], st.st_size, st.st_mtime_ns) if st is not None else None
             if key != self._view_key:
                 state = tools.last_state(directory)
                 self._view_key, self._view = key, ReadyView.from_json(state.get("view") if state else None)

@@ -808,6 +808,9 @@ def _damaged(view: memoryview, off: int, fmt: int, last: bool) -> bool:
     the end are the unwritten rest of a zero-filled segment; only the last segment may be torn; in a zero-filled
     segment (format 3) a bad record is damage when an intact MARK after it says it was already on disk; in an older
     one, when anything follows it."""
+    if fmt < 3:  # a segment that only grows: torn only at its very end, and only the last
+        length = _JFRAME.unpack_from(view, off)[0] if off + _JFRAME.size <= len(view) else 0
+        return not last or off + _JFRAME.size + length < len(view)
     stop = len(view)
     while stop > off and view[stop - 1] == 0:
         stop -= 1
@@ -815,9 +818,6 @@ def _damaged(view: memoryview, off: int, fmt: int, last: bool) -> bool:
         return False
     if not last:
         return True
-    if fmt < 3:
-        length = _JFRAME.unpack_from(view, off)[0] if off + _JFRAME.size <= len(view) else 0
-        return off + _JFRAME.size + length < len(view)
     data = bytes(view[off:stop])
     i = data.find(_JMARK_MAGIC)
     while i >= 0:

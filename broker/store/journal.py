@@ -232,8 +232,9 @@ class Journal:
         self.size = 0  # bytes in the current segment
         self.pending: list[bytes] = []  # appended in this pass, not yet written
         self.pending_bytes = 0
-        self.unit_at: int | None = None  # index in `pending` of this pass's UNIT record (filled in at commit)
-        self.unit_end: int | None = None  # index in `pending` of the first record after the unit (None: to the end)
+        # This pass's transaction units: [index in `pending` of the UNIT record (filled in at commit), index of the
+        # first record after the unit (None: still open, to the end)]
+        self.units: list[list[int | None]] = []
         self.ticket = 0  # last commit handed to the syncer
         self.synced = 0  # last commit known to be on disk
         self.ends: deque[tuple[int, int, int, float]] = deque()  # (ticket, segment, size after it, monotonic time
@@ -367,13 +368,16 @@ class Journal:
         self.retired.clear()
 
     # ----- appending -----------------------------------------------------------------------------------------------
-    def _carry(self, records: list[bytes], unit_at: int | None, unit_end: int | None = None) -> None:
-        """A commit failed: what of it the next one writes first (nothing of a unit; what came before and after it
-        in the pass, and what earlier failed commits carried, is kept as from any commit)."""
-        if unit_at is None:
-            kept = R.carried(records)
-        else:
-            kept = R.carried(records[:unit_at]) + (R.carried(records[unit_end:]) if unit_end is not None else [])
+    def _carry(self, records: list[bytes], units: list[tuple[int, int]]) -> None:
+        """A commit failed: what of it the next one writes first (nothing of a unit, `units` (start, end) spans of
+        `records`; what came before, between and after them in the pass, and what earlier failed commits carried,
+        is kept as from any commit)."""
+        kept: list[bytes] = []
+        start = 0
+        for at, end in units:
+            kept += R.carried(records[start:at])
+            start = end
+        kept += R.carried(records[start:])
         self.pending, self.pending_bytes = kept, sum(len(r) for r in kept)
 
     def append(self, record: bytes) -> None:
@@ -381,18 +385,18 @@ class Journal:
         self.pending_bytes += len(record)
 
     def begin_unit(self) -> None:
-        """What this pass appends from now on stands or falls together at recovery (a transaction's commit): a UNIT
-        record goes here, its length known when the pass is written. Once per pass; later calls change nothing."""
-        if self.unit_at is None:
-            self.unit_at = len(self.pending)
+        """What this pass appends from now on, until `end_unit` (or the end of the pass), stands or falls together
+        at recovery (a transaction's commit): a UNIT record goes here, its length known when the pass is written.
+        While a unit is open, a further call changes nothing."""
+        if not self.units or self.units[-1][1] is not None:
+            self.units.append([len(self.pending), None])
             self.append(b"")  # the place (and the bytes: offsets of what follows stay right) of the UNIT record
             self.pending_bytes += R.UNIT_SIZE
-        self.unit_end = None  # a second commit in the pass: the unit goes on to its end
 
     def end_unit(self) -> None:
-        """The unit ends here: what the pass appends after it is not part of it."""
-        if self.unit_at is not None:
-            self.unit_end = len(self.pending)
+        """The open unit ends here: what the pass appends after it is not part of it."""
+        if self.units and self.units[-1][1] is None:
+            self.units[-1][1] = len(self.pending)
 
     def commit(self) -> int | None:
         """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises
@@ -401,28 +405,31 @@ class Journal:
         commit was a transaction's unit, which fails whole."""
         if not self.pending:
             return None
-        at, self.unit_at = self.unit_at, None
-        end, self.unit_end = self.unit_end, None
-        if at is not None:
-            if end is None:
-                end = len(self.pending)
-            if end == at + 1:  # nothing in it (a commit of non-durable work): no unit
-                del self.pending[at]
-                self.pending_bytes -= R.UNIT_SIZE
-                at = end = None
-                if not self.pending:
-                    return None
-            else:
-                self.pending[at] = R.unit(sum(len(r) for r in self.pending[at + 1:end]))
+        units: list[tuple[int, int]] = []
+        if self.units:
+            spans, self.units = self.units, []
+            for at, end in reversed(spans):  # from the last: a removed placeholder moves none of those still to do
+                assert at is not None
+                if end is None:
+                    end = len(self.pending)
+                if end == at + 1:  # nothing in it (a commit of non-durable work): no unit
+                    del self.pending[at]
+                    self.pending_bytes -= R.UNIT_SIZE
+                    units = [(a - 1, e - 1) for a, e in units]
+                else:
+                    self.pending[at] = R.unit(sum(len(r) for r in self.pending[at + 1:end]))
+                    units.insert(0, (at, end))
+            if not self.pending:
+                return None
         records = self.pending
         if self.fd < 0:
-            self._carry(records, at, end)
+            self._carry(records, units)
             raise R.JournalError("journal: no segment open")
         size = self.pending_bytes + R.MARK_SIZE  # what the write below will be, known before it is joined
         if self.size + size > R.LOC_OFFSET:
             # Only a pass that gathers gigabytes of durable messages (segments of up to 2 GiB, messages of up to
             # 1 GiB) gets here; written, their locations would run into the segment number's bits.
-            self._carry(records, at, end)
+            self._carry(records, units)
             self.overflowed = True
             raise SegmentFull(
                 f"journal: a commit of {size} bytes would take {segment_name(self.segment)} ({self.size} bytes) "
@@ -436,7 +443,7 @@ class Journal:
         try:
             _write_all(self.fd, data, self.size)
         except BrokerError:
-            self._carry(records, at, end)
+            self._carry(records, units)
             raise
         finally:
             self.blocked_since = 0.0

@@ -397,7 +397,8 @@ class Store(Extension):
         #                                                    added) of it as journaled
         self.paged_out = 0  # messages paged out since start (stats)
         self.paged_in = 0
-        self.read_again_at = 0.0  # (monotonic) no paged message is read back into a queue before, after an I/O error
+        # queue -> (monotonic) no paged message is read back into it before, after an I/O error reading its own
+        self.read_again_at: dict[Queue, float] = {}
         self.read_errors = 0  # reads of paged messages that failed with an I/O error (the messages stayed paged)
 
     # ----- start ---------------------------------------------------------------------------------------------------
@@ -430,7 +431,11 @@ class Store(Extension):
             state = self._track(q, qid)
             kept, index = image.split(qid)
             if index is not None and not q.pageable:  # paged before its arguments changed: all back in memory
-                kept += self.read(q, list(index.items()))
+                unreadable: list[Paged] = []
+                kept += self.read(q, list(index.items()), unreadable)
+                if unreadable:
+                    raise R.JournalError(f"journal: {len(unreadable)} messages of queue {q.name!r} could not be "
+                                         "read back (an I/O error): not started without them")
                 index = None
             before = q.bytes
             restored = q.restore(kept)
@@ -1139,7 +1144,7 @@ class Store(Extension):
     def page_in(self, q: Queue, max_bytes: int, max_count: int = 10_000, whole: bool = False) -> int:
         """Read back the lowest paged messages of `q` (about `max_bytes`: at least one, unless `whole`, then none
         that would go beyond it); returns the bytes of memory taken."""
-        if time.monotonic() < self.read_again_at:
+        if self.read_again_at and time.monotonic() < self.read_again_at.get(q, 0.0):
             return 0
         items = q.next_paged(max_count, max_bytes, whole)
         if not items:
@@ -1156,7 +1161,9 @@ class Store(Extension):
             for p in back:
                 q.paged.add(*p)
             items = items[: len(items) - len(back)]
-            self.read_again_at = time.monotonic() + READ_RETRY
+            self.read_again_at[q] = time.monotonic() + READ_RETRY
+        elif self.read_again_at:
+            self.read_again_at.pop(q, None)
         st = self.queues.get(q)
         if st is not None:
             read = {e.position for e in entries}

@@ -95,6 +95,41 @@ def test_a_failed_unit_keeps_what_came_before_it_and_what_earlier_failed_writes_
     assert j.pending_bytes == sum(len(r) for r in j.pending)
 
 
+def test_two_failed_units_of_a_pass_keep_what_came_between_and_after_them(tmp_path: Path) -> None:
+    """Two commits in one pass are two units: another consumer's dequeue and a queue declared between or after
+    them are carried to the next write, not dropped with the units (one unit spanned from the first commit to the
+    end of the pass)."""
+    j = Journal(tmp_path)
+    a_pass(j)
+    with pytest.raises(R.JournalError, match="no segment open"):
+        j.commit()  # carried: queue, dequeue, bind, state
+    for _ in range(2):
+        j.begin_unit()
+        j.append(msg(7))
+        j.append(R.dequeue(1, 6, 6))
+        j.end_unit()
+        j.append(R.dequeue(2, 9, 9))  # between and after the commits
+    j.begin_unit()  # a commit that journaled nothing: no unit
+    j.end_unit()
+    with pytest.raises(R.JournalError, match="no segment open"):
+        j.commit()
+    assert kinds(j.pending) == ["queue", "dequeue", "bind", "state", "dequeue", "dequeue"]
+    assert j.pending_bytes == sum(len(r) for r in j.pending)
+
+
+def test_two_units_of_a_pass_are_written_and_read_back_each_whole(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.open_segment(1)
+    for p in (1, 2):
+        j.begin_unit()
+        j.append(msg(p))
+        j.end_unit()
+        j.append(R.dequeue(2, 9, 9))
+    assert j.commit() is not None
+    j.close()
+    assert written(tmp_path)[-7:] == ["unit", "enqueue", "dequeue", "unit", "enqueue", "dequeue", "mark"]
+
+
 def test_a_commit_that_would_take_its_segment_past_the_locations_offsets_is_not_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A message's location keeps its offset in 32 bits (`segment << 32 | offset`): a commit that would take its

@@ -18,6 +18,7 @@ from broker.errors import QueueFull
 from broker.message import last_value_key_of
 from broker.queue import DURABLE, HELD, DequeueReason, Queue
 from broker.server import Server
+from broker.store.records import JournalError
 from ha.core import batch as B
 from ha.replica import QueueReplicator
 
@@ -220,7 +221,7 @@ def test_paged_messages_whose_segment_cannot_be_read_stay_on_their_queue_and_are
     assert store.read_errors == 1
     monkeypatch.setattr(os, "pread", real)
     assert store.page_in(q, 1 << 20) == 0  # not before a second has passed
-    store.read_again_at = 0.0
+    store.read_again_at.clear()
     assert store.page_in(q, 1 << 20) > 0
     assert drain(s, q) == [body(i)[:5] for i in range(10)]
     commit(s)
@@ -257,3 +258,26 @@ def test_a_backup_keeps_what_its_primary_says_of_a_message_it_has_paged(
     s = start(tmp_path)
     restart.append(s)
     assert s.wiring.queues["q"].entries[1].count == 3
+
+
+
+def test_a_queue_read_back_whole_at_a_restart_that_cannot_be_read_does_not_start(
+        tmp_path: Path, restart: list[Server], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue that can no longer page is read back whole at a restart: an I/O error then stops the start with the
+    error (it left the unread messages out, and nothing held their segment any more)."""
+    s = start(tmp_path)
+    restart.append(s)
+    q, _ = s.wiring.declare_queue("orders", {"durable": True})
+    for i in range(200):
+        q.enqueue(body(i), durable=True)
+    commit(s)
+    s.wiring.update_queue("orders", {"max-count": 1000})
+    commit(s)
+    stop(s)
+
+    def eio(*_: object) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", eio)
+    with pytest.raises(JournalError, match="could not be read back"):
+        Server(BrokerConfig(port=0, data_dir=tmp_path, max_memory=BOUND), "unit").start()
