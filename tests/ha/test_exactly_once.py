@@ -191,15 +191,29 @@ def test_publisher_resending_after_sigkill_of_the_primary_delivers_each_id_exact
         assert m.call("READ", "queue", "eo").body["duplicates"] >= 1000
 
 
+def _windowed_queue_on_two(cluster: Make, queue: str) -> tuple[Cluster, Any, Any]:
+    """Two brokers (a backup stopped by the test is not dropped while it watches: heartbeat 4 s), `queue` with a
+    duplicate window, and two client connections to the primary."""
+    c = cluster(2, heartbeat=4.0)
+    c.start_with_primary(0)
+    with mgmt(c[0].url) as m:
+        m.call("CREATE", "queue", queue, {"arguments": {"duplicate-window": 100}})
+    return c, connect(c[0].url), connect(c[0].url)
+
+
+def _bodies_after_failover(c: Cluster, queue: str) -> list[Any]:
+    """Kill the primary, promote the backup: the bodies of `queue` it delivers."""
+    c[0].kill()
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    return [m.body for m in _take_all(c[1].url, queue)]
+
+
 def test_a_resend_to_the_same_primary_is_answered_only_after_its_original(cluster: Make) -> None:
     """A publisher that times out and resends on a new link while its original is still being replicated: the
     window drops the resend, and the resend is confirmed only once the original is (were it confirmed at once, a
     primary dying before the backup had the original would lose a message the publisher saw confirmed)."""
-    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
-    c.start_with_primary(0)
-    with mgmt(c[0].url) as m:
-        m.call("CREATE", "queue", "resend", {"arguments": {"duplicate-window": 100}})
-    first, second = connect(c[0].url), connect(c[0].url)
+    c, first, second = _windowed_queue_on_two(cluster, "resend")
     c[1].signal(signal.SIGSTOP)
     try:
         original = first.create_sender("resend").link.send(Message(id="m-1", body=1, durable=True))
@@ -217,10 +231,7 @@ def test_a_resend_to_the_same_primary_is_answered_only_after_its_original(cluste
     assert resend.remote_state == Delivery.ACCEPTED and original.remote_state == Delivery.ACCEPTED
     first.close()
     second.close()
-    c[0].kill()
-    c.promote(1)
-    c.wait_state(1, "recovering", "active")
-    assert [m.body for m in _take_all(c[1].url, "resend")] == [1]
+    assert _bodies_after_failover(c, "resend") == [1]
 
 
 def test_a_retried_transaction_whose_messages_the_window_drops_is_answered_only_after_the_first_commit(
@@ -229,11 +240,7 @@ def test_a_retried_transaction_whose_messages_the_window_drops_is_answered_only_
     same message-ids: the window drops them, and the retry is answered only once the first commit is (it was
     answered at once: a primary dying before the backup had the first commit lost the message the client was told
     was committed)."""
-    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
-    c.start_with_primary(0)
-    with mgmt(c[0].url) as m:
-        m.call("CREATE", "queue", "tq", {"arguments": {"duplicate-window": 100}})
-    first, second = connect(c[0].url), connect(c[0].url)
+    c, first, second = _windowed_queue_on_two(cluster, "tq")
     c[1].signal(signal.SIGSTOP)
     try:
         t1 = Txn(first)
@@ -249,10 +256,7 @@ def test_a_retried_transaction_whose_messages_the_window_drops_is_answered_only_
     assert t2.answered(10) == "committed" and t1.answered(10) == "committed"
     first.close()
     second.close()
-    c[0].kill()
-    c.promote(1)
-    c.wait_state(1, "recovering", "active")
-    assert [m.body for m in _take_all(c[1].url, "tq")] == [42]
+    assert _bodies_after_failover(c, "tq") == [42]
 
 
 def test_a_resend_the_window_drops_is_held_while_a_new_primary_recovers(cluster: Make) -> None:

@@ -65,6 +65,17 @@ def body(i: int, pad: int = 1000) -> bytes:
     return f"{i:05d}".encode() + b"x" * pad
 
 
+def two_hundred_orders(data_dir: Path, restart: list[Server]) -> tuple[Server, Queue]:
+    """A broker on `data_dir` whose durable queue `orders` holds body(0)..body(199), on disk."""
+    s = start(data_dir)
+    restart.append(s)
+    q, _ = s.wiring.declare_queue("orders", {"durable": True})
+    for i in range(200):
+        q.enqueue(body(i), durable=True)
+    commit(s)
+    return s, q
+
+
 def drain(s: Server, q: Queue) -> list[bytes]:
     """Every message of `q` in delivery order, read back from the journal as a consumer would have them."""
     assert s.store is not None
@@ -84,12 +95,7 @@ def test_a_message_taken_after_a_restart_gets_a_position_above_the_paged_ones_an
     """Recovery keeps the oldest messages in memory and indexes the rest: the next message must not take the
     position of a paged one (it collided with it: the store's pass raised, and at the next restart the new
     record replaced the old message)."""
-    s = start(tmp_path)
-    restart.append(s)
-    q, _ = s.wiring.declare_queue("orders", {"durable": True})
-    for i in range(200):
-        q.enqueue(body(i), durable=True)
-    commit(s)
+    s, q = two_hundred_orders(tmp_path, restart)
     stop(s)
 
     s = start(tmp_path)
@@ -136,12 +142,7 @@ def test_a_queue_given_a_limit_while_paged_counts_its_paged_messages_and_is_reco
         tmp_path: Path, restart: list[Server]) -> None:
     """max-count set on a queue whose messages are paged: the limit counts them, and a restart reads them back (the
     queue can no longer page)."""
-    s = start(tmp_path)
-    restart.append(s)
-    q, _ = s.wiring.declare_queue("orders", {"durable": True})
-    for i in range(200):
-        q.enqueue(body(i), durable=True)
-    commit(s)
+    s, q = two_hundred_orders(tmp_path, restart)
     assert s.memory is not None
     s.memory._next = 0.0
     s.memory.end_of_pass()  # its check: pages the queue out beyond the bound
@@ -265,12 +266,7 @@ def test_a_queue_read_back_whole_at_a_restart_that_cannot_be_read_does_not_start
         tmp_path: Path, restart: list[Server], monkeypatch: pytest.MonkeyPatch) -> None:
     """A queue that can no longer page is read back whole at a restart: an I/O error then stops the start with the
     error (it left the unread messages out, and nothing held their segment any more)."""
-    s = start(tmp_path)
-    restart.append(s)
-    q, _ = s.wiring.declare_queue("orders", {"durable": True})
-    for i in range(200):
-        q.enqueue(body(i), durable=True)
-    commit(s)
+    s, _ = two_hundred_orders(tmp_path, restart)
     s.wiring.update_queue("orders", {"max-count": 1000})
     commit(s)
     stop(s)
