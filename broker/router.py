@@ -85,8 +85,7 @@ class Router:
             for ext in self.extensions:
                 if ext.hold(c, routed):
                     c.pending += 1
-        if dropped is not None:
-            self._follow(c, routed, *dropped)
+        self.follow(c, routed, dropped)
         c.release()
 
     def _presettled(self, pub: PublisherLink, d: Any) -> None:
