@@ -28,7 +28,7 @@ from broker.queue import Entry, Queue
 from broker.server import Server
 from broker.wiring import WiringEvent
 from ha import protocol as P
-from ha.core.batch import VERSION_TXN
+from ha.core.batch import VERSION_GONE, VERSION_TXN
 from ha.core.catchup import BackupCatchup, plan_catchup
 from ha.core.epoch import Decision, check_peer_epoch
 from ha.core.guards import GuardBook
@@ -300,6 +300,17 @@ class Primary:
         # From here the backup acknowledges this queue's live messages in order; what it holds of ours is done
         # (plan.skip: held and on this queue, less positions reused since its epoch, whose message differs here).
         _release_all(self.guards.start(b.name, name, plan.snapshot_max, plan.skip))
+        # Places it guards that are off the queue already: windowed messages dequeued before this browser could
+        # send them (QueueWatch). The window of its first batch has their ids; it acknowledges them after it ("G"
+        # records). A backup of an older batch format is not waited for (as before version 4).
+        left = self.guards.outstanding(b.name, name)
+        if left:
+            left = left.difference(PositionSet.from_ranges(q.position_ranges()))
+        if left:
+            if sender.version >= VERSION_GONE:
+                sender.acks_only = left
+            else:
+                _release_all(self.guards.dequeued(name, left, [b.name]))
         _cancel(b.reattach.pop(name, None))
         old = b.senders.get(name)
         if old is not None:

@@ -190,8 +190,12 @@ class QueueReplicator:
         entries = q.entries
         applied: list[int] = []
         for r in records:
-            if type(r) is not tuple:  # version 2: acquired, released, the duplicate window; version 3: "X"
-                if type(r) is not B.TxnPart:
+            if type(r) is not tuple:  # version 2: acquired, released, the duplicate window; 3: "X"; 4: "G"
+                if type(r) is B.Gone:  # dequeued on the primary before it was sent: its id only, acknowledged
+                    if r.key and q.dedup is not None:  # type: ignore[union-attr]
+                        q.dedup.add(r.key, time.time())  # type: ignore[union-attr]
+                    applied.append(r.position)  # type: ignore[union-attr]
+                elif type(r) is not B.TxnPart:
                     self._apply_state(q, r)  # type: ignore[arg-type]
             elif len(r) == 2:
                 q.dequeue_range(r[0], r[1], DequeueReason.REPLICATED)  # type: ignore[misc, arg-type]

@@ -19,14 +19,16 @@ from cproton import pn_delivery_tag
 from proton import Message
 
 from broker.connections import ConnectionState
+from broker.dedup import key as id_key
 from broker.engine import raw
 from broker.links import AcceptToken, Completion, LinkHandler
 from broker.log import get_logger
+from broker.message import current_message_id, decode
 from broker.paging import Paged
-from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, DequeueReason, Entry, Queue
+from broker.queue import ACQUIRED, DEAD, DURABLE, HELD, REDELIVERED, WINDOWED, DequeueReason, Entry, Queue
 from ha import protocol as P
 from ha.core.accepts import AcceptGroup, DequeueWaits
-from ha.core.batch import ENQUEUE, BatchWriter, is_binary_acks, negotiate, parse_acks
+from ha.core.batch import ENQUEUE, GONE, VERSION_GONE, BatchWriter, is_binary_acks, negotiate, parse_acks
 from ha.core.catchup import BackupCatchup
 from ha.core.guards import GuardBook
 from ha.core.idset import PositionSet
@@ -102,10 +104,16 @@ class PrimarySide(Protocol):
 class QueueWatch:
     """One per queue on the primary: collects what a pass enqueued and dequeued, and hands it over at the end of
     the pass (`flush`): to the guards (dequeued messages need no acknowledgement any more) and to each backup's
-    browser. Per message it only appends to a list or a range set."""
+    browser. Per message it only appends to a list or a range set.
+
+    A dequeued message whose id entered the queue's duplicate window is the exception: its publisher is settled only
+    once every backup has the id (else a resend after a failover, its settlement lost, would be taken again), so
+    its place stays guarded for each backup of batch format version 4 until that backup acknowledges it: a browser
+    that had not sent it yet sends its id alone ("G" record), one that attaches later acknowledges it after the
+    window its first batch carries (`ReplicatingSender.take_windowed`, `Primary._attach_queue`)."""
 
     __slots__ = ("accepts", "fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue",
-                 "returned", "scheduled", "senders", "taken")
+                 "returned", "scheduled", "senders", "taken", "windowed")
 
     def __init__(self, primary: PrimarySide, queue: str) -> None:
         self.primary = primary
@@ -119,6 +127,7 @@ class QueueWatch:
         self.taken: list[int] = []  # positions acquired by consumers in this pass
         self.returned: list[tuple[int, int, int, int]] = []  # released: (len(taken) then, position, flags, count)
         self.accepts: list[AcceptToken] = []  # consumer accepts of this pass answered once dequeues are replicated
+        self.windowed: dict[int, bytes] = {}  # dequeued windowed messages of this pass: position -> message
         self.scheduled = False
 
     def hold(self, position: int, completion: Completion, nbytes: int) -> None:
@@ -175,7 +184,7 @@ class QueueWatch:
         is gone, and the guards of a queue of that name declared again are not this one's."""
         tokens = [*self.held_tokens, *self.accepts]
         self.held_positions, self.held_tokens, self.held_bytes, self.accepts = [], [], 0, []
-        self.fresh, self.gone, self.taken, self.returned = [], PositionSet(), [], []
+        self.fresh, self.gone, self.taken, self.returned, self.windowed = [], PositionSet(), [], [], {}
         for c in tokens:
             c.release()
 
@@ -196,6 +205,8 @@ class QueueWatch:
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
         self.gone.add(entry.position)
+        if entry.flags & WINDOWED:
+            self.windowed[entry.position] = entry.data  # (the queue empties the entry's data next)
         if not self.scheduled:
             self.scheduled = True
             self.primary.changed.append(self)
@@ -214,9 +225,20 @@ class QueueWatch:
                 for c in tokens:  # the backups went away within this pass: nobody to wait for
                     c.release()
         gone = self.gone
+        windowed: dict[int, bytes] = {}
         if gone:
             self.gone = PositionSet()
-            for c in p.guards.dequeued(self.queue, gone):
+            if self.windowed:
+                windowed, self.windowed = self.windowed, {}
+                kept = PositionSet(sorted(windowed))
+                released = p.guards.dequeued(self.queue, gone.difference(kept))
+                # backups whose browser of the queue cannot send "G" records: as before, the dequeue releases
+                older = [name for name, s in self.senders.items() if not s.closed and s.version < VERSION_GONE]
+                if older:
+                    released += p.guards.dequeued(self.queue, kept, older)
+            else:
+                released = p.guards.dequeued(self.queue, gone)
+            for c in released:
                 c.release()
         ops = self._state_ops() if self.taken or self.returned else None
         group: AcceptGroup[AcceptToken] | None = None
@@ -230,6 +252,8 @@ class QueueWatch:
                 s.take_live(fresh)
             if gone:
                 s.take_dequeued(gone)
+                if windowed and s.version >= VERSION_GONE:
+                    s.take_windowed(windowed)
                 if group is not None and s.dequeue_acks:
                     s.dq_waits.add(gone, group)
             if ops and s.version >= 2:
@@ -292,6 +316,12 @@ class ReplicatingSender(LinkHandler):
         self.state_ops: list[StateOp] = []
         self.unreadable = ""  # why catch-up could not go on (a paged message not read back): the link closes
         self.window: list[tuple[bytes, float]] | None = None
+        # Version 4: windowed messages dequeued before they went out, position -> id key ("G" with the id, from
+        # the live loop); positions up to the snapshot the backup is to acknowledge with no message ("G" without
+        # an id: the first batch's window has it), to send, and sent (not catch-up: `_acked`).
+        self.gone_ids: dict[int, bytes] = {}
+        self.acks_only = PositionSet()
+        self.acks_only_sent = PositionSet()
         # Version 3: transaction units this browser's next batch is a part of, and the highest live position that
         # batch must hold (every live message up to it, whatever the bytes bounds): see Primary._mark_unit.
         self.txn_units: list[tuple[int, int]] = []
@@ -315,6 +345,18 @@ class ReplicatingSender(LinkHandler):
         if not self.qc.done and gone.min() <= self.snapshot_max:
             self.qc.dequeued(gone)
         self.dequeues = self.dequeues.union(gone)
+
+    def take_windowed(self, windowed: dict[int, bytes]) -> None:
+        """Windowed messages dequeued in this pass (position -> message; version 4): this backup is to get the id
+        of each it has not been sent, and acknowledge it (QueueWatch)."""
+        live = self.live
+        first = live[0].position if live else 0
+        for pos, data in windowed.items():
+            if pos <= self.snapshot_max:
+                self.acks_only.add(pos)  # the window of this browser's first batch has its id
+            elif first and pos >= first:  # not sent yet (`live` is ascending): its id goes alone
+                self.gone_ids[pos] = _id_key(data)
+            # else it was sent, with its id: the backup acknowledges it
 
     def txn_part(self, unit: int, parts: int) -> None:
         """The next batch is part of transaction unit `unit` (of `parts` parts on this backup): it carries every
@@ -369,9 +411,13 @@ class ReplicatingSender(LinkHandler):
     def _acked(self, acks: PositionSet) -> None:
         if not self.qc.done:
             self.qc.acked(acks)  # it tells catch-up positions from live ones itself
-        if self.catchup_sent and acks.min() <= self.snapshot_max:
+        caught = acks
+        if self.acks_only_sent:  # "G" acknowledgements say nothing of catch-up batches
+            caught = acks.difference(self.acks_only_sent)
+            self.acks_only_sent = self.acks_only_sent.difference(acks)
+        if self.catchup_sent and caught and caught.min() <= self.snapshot_max:
             # Applied in order, newest first: every catch-up batch down to the lowest acknowledged position is in.
-            lowest = acks.min()
+            lowest = caught.min()
             sent = self.catchup_sent
             while sent and sent[0][0] >= lowest:
                 self.catchup_bytes -= sent.popleft()[1]
@@ -420,6 +466,11 @@ class ReplicatingSender(LinkHandler):
         if self.dequeues:
             w.dequeue_ranges(self.dequeues.ranges())
             self.dequeues = PositionSet()
+        if self.acks_only:
+            for pos in self.acks_only:
+                w.gone(pos)
+            self.acks_only_sent = self.acks_only_sent.union(self.acks_only)
+            self.acks_only = PositionSet()
         live = self.live
         if live:
             # The hot loop: BatchWriter.enqueue inlined, the live part of each batch remembered as (highest position,
@@ -428,10 +479,19 @@ class ReplicatingSender(LinkHandler):
             pack, head_size = ENQUEUE.pack, ENQUEUE.size
             parts, size, count = w.parts, w.size, w.count
             top = nbytes = 0
+            gone_ids = self.gone_ids
             while live and (room > 0 or live[0].position <= txn_top):
                 e = live.popleft()
                 if e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position)):
-                    continue  # dequeued meanwhile (paged out, read back and consumed): its dequeue range goes instead
+                    # Dequeued meanwhile (or paged out, read back and consumed): its dequeue range goes instead, and
+                    # a windowed one's id (its publisher waits for it: QueueWatch).
+                    if gone_ids and e.position in gone_ids:
+                        k = gone_ids.pop(e.position)
+                        parts.append(GONE.pack(b"G", e.position, len(k)))
+                        parts.append(k)
+                        size += GONE.size + len(k)
+                        count += 1
+                    continue
                 if size >= limit and e.position > txn_top:  # never splits a transaction's part
                     w.size, w.count = size, count
                     self._send_live(w, top, nbytes)
@@ -584,6 +644,12 @@ class ReplicatingSender(LinkHandler):
             p.replication_link_gone(b, self.queue.name, waited)
         else:
             _answer(waited)
+
+
+def _id_key(data: bytes) -> bytes:
+    """The duplicate-window key of a message the queue took (b"" if it has none: then only acknowledged)."""
+    decode(data, trusted=True)
+    return id_key(current_message_id()) or b""
 
 
 def _answer(tokens: list[AcceptToken]) -> None:

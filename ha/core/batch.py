@@ -1,4 +1,4 @@
-"""The replication batch: what a replicating browser sends its backup in one transfer (format versions 1 to 3).
+"""The replication batch: what a replicating browser sends its backup in one transfer (format versions 1 to 4).
 
 A batch is the queue events one pass of the primary gathered for one (queue, backup), in order: dequeue ranges
 first, then enqueued messages with their positions and the facts the backup needs to keep them as the primary does
@@ -28,6 +28,18 @@ Version 3 (negotiated the same way) adds one record kind, always before any othe
 
             | "X" txn:u64 parts:u16                                           this batch is one part of transaction
                                                                               unit `txn`, which has `parts` parts
+
+Version 4 (negotiated the same way) adds one record kind::
+
+            | "G" position:u64 length:u16 id[length]                          gone: the message at `position` (of
+                                                                              a duplicate window) was dequeued on
+                                                                              the primary; take its id (when length
+                                                                              > 0) into the window, keep nothing
+
+A backup acknowledges a "G" position as it would an enqueue. The primary sends one for a windowed message that a
+consumer took before the message itself went out (with its id), and, without the id, for one the backup has to
+acknowledge although it will never be sent (its id came in the window the browser's first batch carried): a
+windowed message's publisher is settled only once every backup has its id (docs/replication.md, "Exactly once").
 
 A transaction unit is the transactions a pass of the primary committed (broker.transactions); it has one part per
 queue it touched that this backup replicates, each part a batch of that queue on the same connection holding all of
@@ -66,8 +78,9 @@ from typing import NamedTuple
 from broker.errors import BatchError
 
 VERSION = 1
-VERSION_MAX = 3  # the newest batch format this broker writes and reads
+VERSION_MAX = 4  # the newest batch format this broker writes and reads
 VERSION_TXN = 3  # the first version with transaction parts ("X")
+VERSION_GONE = 4  # the first version with "G" (gone) records
 MAGIC = b"UB"
 _HEAD = MAGIC + bytes([VERSION])
 _HEADS = {v: MAGIC + bytes([v]) for v in range(1, VERSION_MAX + 1)}
@@ -87,6 +100,8 @@ _WHEAD = struct.Struct(">cI")
 _WITEM = struct.Struct(">dH")
 _X = b"X"
 _TXN = struct.Struct(">cQH")
+_G = b"G"
+GONE = struct.Struct(">cQH")  # a "G" record's header, for the sender's hot loop (then the id's bytes)
 
 FLAG_ACQUIRED = 16  # version 2: a consumer holds the message (broker.queue.HELD on a backup)
 FLAG_WINDOWED = 32  # version 2: its message-id entered the queue's duplicate window (broker.queue.WINDOWED)
@@ -129,7 +144,16 @@ class TxnPart(NamedTuple):
     parts: int
 
 
-Record = Enqueue | Dequeue | Acquired | Released | Window | TxnPart  # by type: `type(r) is tuple` for the first two
+class Gone(NamedTuple):
+    """Version 4: the windowed message at `position` was dequeued on the primary: acknowledge the position, take
+    `key` (an id key as broker.dedup makes them; b"" for none) into the window, keep no message."""
+
+    kind: str
+    position: int
+    key: bytes
+
+
+Record = Enqueue | Dequeue | Acquired | Released | Window | TxnPart | Gone  # by type: `type(r) is tuple` for the first two
 
 
 def negotiate(batch: bool, offered: object) -> int:
@@ -280,6 +304,15 @@ class BatchWriter:
         self.size += _TXN.size
         self.count += 1
 
+    def gone(self, position: int, key: bytes = b"") -> None:
+        """Version 4 only: the windowed message at `position` is gone; `key` its id (b"": acknowledge only)."""
+        assert self.version >= VERSION_GONE
+        self.parts.append(GONE.pack(_G, position, len(key)))
+        if key:
+            self.parts.append(key)
+        self.size += GONE.size + len(key)
+        self.count += 1
+
     def enqueue(self, position: int, level: int, flags: int, count: int, expires: float | None, data: bytes) -> None:
         n = len(data)
         self.parts.append(_ENQ.pack(_E, position, level, flags, count, expires or 0.0, n))
@@ -379,6 +412,17 @@ def parse(payload: bytes, max_message: int) -> list[Record]:
             txns.add(txn)
             off += _TXN.size
             out.append(TxnPart("X", txn, parts))
+        elif version >= VERSION_GONE and kind == _G:
+            if off + GONE.size > end:
+                raise BatchError(f"truncated gone record at byte {off}")
+            _, pos, n = GONE.unpack_from(payload, off)
+            if pos == 0:
+                raise BatchError(f"gone record at byte {off}: position 0")
+            off += GONE.size
+            if off + n > end:
+                raise BatchError(f"gone record of position {pos}: id truncated")
+            out.append(Gone("G", pos, payload[off : off + n]))
+            off += n
         else:
             raise BatchError(f"unknown record kind {kind!r} at byte {off}")
     return out

@@ -368,14 +368,24 @@ class GuardBook(Generic[T]):
         if not g.waiting:
             self._release(g, released)
 
-    def dequeued(self, queue: str, positions: int | Iterable[int]) -> list[T]:
-        """The primary dequeued ``positions`` of ``queue``: no backup has to acknowledge them any more.
+    def dequeued(self, queue: str, positions: int | Iterable[int], backups: Iterable[str] | None = None) -> list[T]:
+        """The primary dequeued ``positions`` of ``queue``: no backup has to acknowledge them any more (``backups``:
+        only those named; the others go on waiting for their acknowledgement).
 
         Positions that are not guarded (the usual case: released before the consumer took them) are ignored.
         """
         q = self._queues.get(queue)
         if q is None or q.head >= len(q.groups):
             return []
+        books: Iterable[_Backup] = self._backups.values()
+        mask = self._all
+        if backups is not None:
+            books = [bk for bk in (self._backups.get(n) for n in backups) if bk is not None]
+            mask = 0
+            for bk in books:
+                mask |= bk.bit
+            if not mask:
+                return []
         got = PositionSet([positions]) if isinstance(positions, int) else (
             positions if isinstance(positions, PositionSet) else PositionSet(sorted(set(positions))))
         released: list[T] = []
@@ -387,7 +397,7 @@ class GuardBook(Generic[T]):
                 g = q.groups[i]
                 ps = g.positions
                 a, b = bisect_left(ps, lo), bisect_right(ps, hi)
-                if not g.waiting or a == b:
+                if not g.waiting & mask or a == b:
                     i += 1
                     continue
                 if b < len(ps):
@@ -396,12 +406,13 @@ class GuardBook(Generic[T]):
                     q.split_at(i, a)
                     i += 1
                 g = q.groups[i]
-                for book in self._backups.values():
+                for book in books:
                     if g.waiting & book.bit:
                         book.count -= len(g.positions)
                         book.nbytes -= g.nbytes
-                g.waiting = 0
-                self._release(g, released)
+                g.waiting &= ~mask
+                if not g.waiting:
+                    self._release(g, released)
                 i += 1
         q.trim()
         return released
@@ -448,7 +459,9 @@ class GuardBook(Generic[T]):
         q = self._queues.get(queue)
         if book is None or q is None:
             return PositionSet()
-        return PositionSet(p for g in q.groups[q.head:] if g.waiting & book.bit for p in g.positions)
+        out = PositionSet()
+        out.add_sequence(p for g in q.groups[q.head:] if g.waiting & book.bit for p in g.positions)  # (ascending)
+        return out
 
     def is_held(self, token: T) -> bool:
         return any(token in g.tokens for q in self._queues.values() for g in q.groups[q.head:] if g.waiting)

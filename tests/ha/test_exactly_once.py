@@ -21,7 +21,7 @@ from typing import Any
 
 from proton import Delivery, Message, Timeout
 from proton.handlers import MessagingHandler
-from proton.reactor import Container
+from proton.reactor import AtMostOnce, Container
 
 from tests.support.amqp import connect, mgmt, settle_last
 from tests.support.cluster import Cluster
@@ -288,6 +288,59 @@ def test_a_resend_the_window_drops_is_held_while_a_new_primary_recovers(cluster:
     assert resend.remote_state == Delivery.ACCEPTED and fresh.remote_state == Delivery.ACCEPTED
     conn.close()
     assert [m.body for m in _take_all(c[1].url, "rq")] == [1, 2]
+
+
+def _consumed_at_once_then_failover(c: Cluster, queue: str, publisher: Any, consumer: Any) -> None:
+    """With the backup stopped, publish id m-1 to `queue` and let an at-most-once consumer take it: the publisher
+    must not be confirmed before the backup (continued) has the id. Then a failover, and m-1 resent to the promoted
+    backup as by a publisher whose confirmation was lost: it must be dropped."""
+    receiver = consumer.create_receiver(queue, credit=10, options=AtMostOnce())
+    sent = publisher.create_sender(queue).link.send(Message(id="m-1", body=1, durable=True))
+    try:
+        with contextlib.suppress(Timeout):
+            publisher.wait(lambda: sent.settled, timeout=1.0)  # it goes out
+        assert receiver.receive(5).body == 1  # consumed on the primary (before the backup could be sent it)
+        with contextlib.suppress(Timeout):
+            publisher.wait(lambda: sent.settled, timeout=1.0)
+        assert not sent.settled, "confirmed while the backup did not have the id"
+    finally:
+        c[1].signal(signal.SIGCONT)
+    publisher.wait(lambda: sent.settled, timeout=10)
+    assert sent.remote_state == Delivery.ACCEPTED
+    publisher.close()
+    consumer.close()
+    c[0].kill()
+    c.promote(1)
+    c.wait_state(1, "recovering", "active")
+    _send_ids(c[1].url, queue, [1])
+    assert _take_all(c[1].url, queue) == []
+
+
+def test_a_message_consumed_before_its_batch_went_out_is_confirmed_once_the_backup_has_its_id(
+        cluster: Make) -> None:
+    """An at-most-once consumer takes a windowed message before the backup was sent it: the publisher was
+    confirmed at the dequeue, the backup never learned the id, and a resend after a failover (the confirmation
+    lost) was delivered again. Now the backup is sent the id alone (a "G" record, batch version 4) and the
+    publisher is confirmed once it acknowledges it."""
+    c, consumer, publisher = _windowed_queue_on_two(cluster, "eo")
+    c[1].signal(signal.SIGSTOP)
+    _consumed_at_once_then_failover(c, "eo", publisher, consumer)
+
+
+def test_a_message_consumed_before_the_backup_attached_its_queue_is_confirmed_once_it_did(cluster: Make) -> None:
+    """The queue is declared while the backup is stopped, and its message consumed before the backup attaches its
+    browser (so it is never sent): the publisher waits for the backup to attach and acknowledge the position (the
+    id came in the window of its first batch)."""
+    c = cluster(2, heartbeat=4.0)  # the stopped backup is not dropped while the test watches
+    c.start_with_primary(0)
+    c[1].signal(signal.SIGSTOP)
+    try:
+        with mgmt(c[0].url) as m:
+            m.call("CREATE", "queue", "late", {"arguments": {"duplicate-window": 100}})
+    except BaseException:
+        c[1].signal(signal.SIGCONT)
+        raise
+    _consumed_at_once_then_failover(c, "late", connect(c[0].url), connect(c[0].url))
 
 
 def test_messages_delivered_but_not_settled_come_back_after_failover_marked_redelivered(cluster: Make) -> None:

@@ -13,6 +13,7 @@ from ha.core.batch import (
     DEFAULT_LIMIT,
     VERSION_MAX,
     BatchWriter,
+    Gone,
     TxnPart,
     encode_acks,
     negotiate,
@@ -69,7 +70,7 @@ def _enq(pos: int, data: bytes, n: int | None = None) -> bytes:
         (b"", "not a replication batch"),
         (b"\x00\x53\x77\xa1\x03abc", "not a replication batch"),
         (_batch(_enq(1, b"abc"))[:-1], "transfer has"),
-        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x04", "version 4 is not supported"),
+        (b"\x00\x53\x75\xb0\x00\x00\x00\x03UB\x05", "version 5 is not supported"),
         (b"\x00\x53\x75\xb0\x00\x00\x00\x03XY\x01", "bad magic"),
         (_batch(_enq(0, b"a")), "position 0"),
         (_batch(_enq(5, b"abc", n=9)), "message truncated"),
@@ -86,9 +87,13 @@ def test_a_bad_batch_is_refused_naming_the_problem(payload: bytes, says: str) ->
         parse(payload, MAX)
 
 
-def _batch3(*records: bytes) -> bytes:
-    body = b"UB\x03" + b"".join(records)
+def _batch3(*records: bytes, version: int = 3) -> bytes:
+    body = b"UB" + bytes([version]) + b"".join(records)
     return b"\x00\x53\x75\xb0" + len(body).to_bytes(4, "big") + body
+
+
+def _batch4(*records: bytes) -> bytes:
+    return _batch3(*records, version=4)
 
 
 def _x(txn: int, parts: int) -> bytes:
@@ -105,7 +110,32 @@ def test_version_3_transaction_parts_come_first_and_back() -> None:
     assert records == [TxnPart("X", 5, 2), TxnPart("X", 6, 1), (1, 2), (9, 0, 2, 0, 0.0, b"nine")]
     assert txn_parts(records) == [(5, 2), (6, 1)]
     assert txn_parts(records[2:]) == [] and w.payload()[8:11] == b"UB\x03"
-    assert VERSION_MAX == 3
+
+
+def test_version_4_gone_records_come_back_with_their_ids() -> None:
+    w = BatchWriter(version=4)
+    w.dequeue(1, 3)
+    w.gone(2, b"Sm-2")
+    w.gone(3)  # acknowledge only
+    w.enqueue(2, 0, 0, 0, None, b"two")  # a "G" is not an enqueue of its position
+    assert parse(w.payload(), MAX) == [(1, 3), Gone("G", 2, b"Sm-2"), Gone("G", 3, b""), (2, 0, 0, 0, 0.0, b"two")]
+    assert w.payload()[8:11] == b"UB\x04" and VERSION_MAX == 4
+    with pytest.raises(AssertionError):
+        BatchWriter(version=3).gone(1)
+
+
+@pytest.mark.parametrize(
+    ("payload", "says"),
+    [
+        (_batch3(struct.pack(">cQH", b"G", 1, 0)), "unknown record kind b'G'"),  # version 3 has no "G"
+        (_batch4(struct.pack(">cQH", b"G", 0, 0)), "gone record at byte 11: position 0"),
+        (_batch4(struct.pack(">cQH", b"G", 4, 5) + b"Sab"), "gone record of position 4: id truncated"),
+        (_batch4(struct.pack(">cQ", b"G", 4)), "truncated gone record"),
+    ],
+)
+def test_a_bad_gone_record_is_refused_naming_the_problem(payload: bytes, says: str) -> None:
+    with pytest.raises(BatchError, match=says):
+        parse(payload, MAX)
 
 
 def test_a_writer_of_version_2_has_no_transaction_parts() -> None:
@@ -133,7 +163,8 @@ def test_a_bad_transaction_part_is_refused_naming_the_problem(payload: bytes, sa
 
 @pytest.mark.parametrize(
     ("batch", "offered", "version"),
-    [(False, 3, 1), (True, None, 1), (True, 1, 1), (True, True, 1), (True, 2, 2), (True, 3, 3), (True, 9, 3)],
+    [(False, 3, 1), (True, None, 1), (True, 1, 1), (True, True, 1), (True, 2, 2), (True, 3, 3), (True, 4, 4),
+     (True, 9, 4)],
 )
 def test_negotiation_gives_a_version_2_backup_version_2(batch: bool, offered: object, version: int) -> None:
     assert negotiate(batch, offered) == version

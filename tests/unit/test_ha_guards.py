@@ -305,6 +305,22 @@ def test_what_the_backup_says_it_holds_at_attach_is_released() -> None:
     assert g.outstanding("b1", "q") == PositionSet([1]) and g.outstanding("b2", "q") == PositionSet([1, 3])
 
 
+def test_a_dequeue_can_release_a_place_for_some_backups_only() -> None:
+    """A windowed message consumed before every backup had its id: the dequeue releases it for the backups named
+    (those of an older batch format); the others still have to acknowledge it, each for itself."""
+    g = book("b1", "b2", "b3")
+    for n in ("b1", "b2", "b3"):
+        g.start(n, "q", floor=0)
+    g.hold("q", [1, 2, 3], ["d1", "d2", "d3"], now=1.0)
+    assert g.dequeued("q", [2], ["b3"]) == []  # b1 and b2 still wait for position 2
+    assert g.outstanding("b3", "q") == PositionSet([1, 3]) and g.backlog("b3") == 2
+    assert g.acked("b1", "q", [2]).released == ()
+    assert g.acked("b2", "q", [2]).released == ("d2",)  # (1 waits for b3, which has not acknowledged anything)
+    assert g.outstanding("b1", "q") == PositionSet([3]) and g.is_held("d1") and g.is_held("d3")
+    assert g.dequeued("q", [3], ["nobody"]) == [] and g.dequeued("q", [1, 3]) == ["d1", "d3"]
+    assert g.stats().places_held == 0
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_in_order_replication_never_releases_what_was_not_applied(data: st.DataObject) -> None:
