@@ -127,7 +127,7 @@ class QueueWatch:
         self.taken: list[int] = []  # positions acquired by consumers in this pass
         self.returned: list[tuple[int, int, int, int]] = []  # released: (len(taken) then, position, flags, count)
         self.accepts: list[AcceptToken] = []  # consumer accepts of this pass answered once dequeues are replicated
-        self.windowed: dict[int, bytes] = {}  # dequeued windowed messages of this pass: position -> message
+        self.windowed: dict[int, tuple[Entry, bytes]] = {}  # dequeued windowed messages of this pass, by position
         self.scheduled = False
 
     def hold(self, position: int, completion: Completion, nbytes: int) -> None:
@@ -206,7 +206,7 @@ class QueueWatch:
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
         self.gone.add(entry.position)
         if entry.flags & WINDOWED:
-            self.windowed[entry.position] = entry.data  # (the queue empties the entry's data next)
+            self.windowed[entry.position] = (entry, entry.data)  # (the queue empties the entry's data next)
         if not self.scheduled:
             self.scheduled = True
             self.primary.changed.append(self)
@@ -229,7 +229,9 @@ class QueueWatch:
         if gone:
             self.gone = PositionSet()
             if self.windowed:
-                windowed, self.windowed = self.windowed, {}
+                # (not one whose publisher was refused in this pass: its id left the window, broker.store)
+                windowed = {pos: data for pos, (e, data) in self.windowed.items() if e.flags & WINDOWED}
+                self.windowed = {}
                 kept = PositionSet(sorted(windowed))
                 released = p.guards.dequeued(self.queue, gone.difference(kept))
                 # backups whose browser of the queue cannot send "G" records: as before, the dequeue releases
@@ -322,6 +324,7 @@ class ReplicatingSender(LinkHandler):
         self.gone_ids: dict[int, bytes] = {}
         self.acks_only = PositionSet()
         self.acks_only_sent = PositionSet()
+        self.unsent = _NO_POSITIONS  # catch-up positions this pass's dequeues took off the plan (`take_windowed`)
         # Version 3: transaction units this browser's next batch is a part of, and the highest live position that
         # batch must hold (every live message up to it, whatever the bytes bounds): see Primary._mark_unit.
         self.txn_units: list[tuple[int, int]] = []
@@ -343,7 +346,9 @@ class ReplicatingSender(LinkHandler):
 
     def take_dequeued(self, gone: PositionSet) -> None:
         if not self.qc.done and gone.min() <= self.snapshot_max:
-            self.qc.dequeued(gone)
+            self.unsent = self.qc.dequeued(gone)
+        elif self.unsent:
+            self.unsent = _NO_POSITIONS
         self.dequeues = self.dequeues.union(gone)
 
     def take_windowed(self, windowed: dict[int, bytes]) -> None:
@@ -351,9 +356,12 @@ class ReplicatingSender(LinkHandler):
         of each it has not been sent, and acknowledge it (QueueWatch)."""
         live = self.live
         first = live[0].position if live else 0
+        unsent, self.unsent = self.unsent, _NO_POSITIONS
         for pos, data in windowed.items():
             if pos <= self.snapshot_max:
-                self.acks_only.add(pos)  # the window of this browser's first batch has its id
+                if pos in unsent:  # a catch-up message never sent: the window of the first batch has its id
+                    self.acks_only.add(pos)
+                # else sent by catch-up (acknowledged exactly), or held by the backup when it attached
             elif first and pos >= first:  # not sent yet (`live` is ascending): its id goes alone
                 self.gone_ids[pos] = _id_key(data)
             # else it was sent, with its id: the backup acknowledges it
@@ -644,6 +652,9 @@ class ReplicatingSender(LinkHandler):
             p.replication_link_gone(b, self.queue.name, waited)
         else:
             _answer(waited)
+
+
+_NO_POSITIONS = PositionSet()  # (never changed: shared)
 
 
 def _id_key(data: bytes) -> bytes:

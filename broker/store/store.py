@@ -49,6 +49,7 @@ from broker.queue import (
     PAGED,
     PARKED,
     REDELIVERED,
+    WINDOWED,
     DequeueReason,
     Entry,
     Queue,
@@ -853,6 +854,7 @@ class Store(Extension):
                 k = id_key(current_message_id())
                 if k is not None:
                     q.dedup.forget(k)
+            e.flags &= ~WINDOWED  # its id is not in the window: replication must not send it (ha.replicating)
             if e.state == AVAILABLE and q.entries.get(e.position) is e:
                 q.dequeue(e, DequeueReason.REFUSED)
 
@@ -1182,7 +1184,9 @@ class Store(Extension):
         """Paged messages of `queue` read back from their records, as new entries (not on any queue), in the order
         given. A record whose segment cannot be read now (an I/O error) is left out and added to `unreadable`: it
         stays on its queue, and is read again later. A damaged record is logged and left out (its message is
-        lost)."""
+        lost). On a queue with a duplicate window they come back marked WINDOWED (a record does not say whether
+        the message's id entered the window): consumed, one is replicated as one whose id did (ha.replicating)."""
+        windowed = WINDOWED if queue.dedup is not None else 0
         st = self.queues.get(queue)
         if st is None:
             return []
@@ -1221,7 +1225,7 @@ class Store(Extension):
                 except R.JournalError as err:
                     self._lost(queue, [(pos, loc, 0)], str(err))
                     continue
-                entry = Entry(pos, data, level, expires, flags & _FLAGS)
+                entry = Entry(pos, data, level, expires, flags & _FLAGS | windowed)
                 entry.count = count
                 entry.seg = loc
                 out.append(entry)

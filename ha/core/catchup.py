@@ -157,8 +157,9 @@ class QueueCatchup:
         self.ignored_acks += len(got) - len(known) - live + junk
         return len(known)
 
-    def dequeued(self, positions: Iterable[int]) -> None:
-        """The primary dequeued ``positions``: not yet sent ones leave the plan; in-flight ones stop waiting.
+    def dequeued(self, positions: Iterable[int]) -> PositionSet:
+        """The primary dequeued ``positions``: not yet sent ones leave the plan (returned); in-flight ones stop
+        waiting.
 
         The backup learns of the dequeue through the ordinary dequeue events, so an in-flight message that is
         dequeued no longer has to be acknowledged for catch-up to finish.
@@ -170,6 +171,7 @@ class QueueCatchup:
         in_flight = got.intersection(self._unacked)
         self._unacked.difference_update(in_flight)
         self._dequeued_in_flight += len(in_flight)
+        return unsent
 
     def _live_part(self, positions: PositionSet) -> int:
         if not positions or positions.max() <= self.plan.snapshot_max:

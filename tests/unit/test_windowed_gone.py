@@ -1,0 +1,206 @@
+"""A windowed message (its id in the queue's duplicate window) consumed on the primary before a backup had it: its
+publisher is settled only once that backup has the id ("G" records, batch format version 4), never at the dequeue
+alone. The primary's real QueueWatch, GuardBook, BackupCatchup and ReplicatingSender, with a link that is not
+there (the batches it would send are collected and parsed); the broker's real Queue."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from proton import Message
+
+from broker.config import BrokerConfig
+from broker.dedup import key
+from broker.options import QueueOptions
+from broker.queue import WINDOWED, DequeueReason, Entry, Queue
+from broker.server import Server
+from broker.store.store import Store
+from ha import protocol as P
+from ha.core.batch import Gone, Window, parse
+from ha.core.catchup import BackupCatchup, plan_catchup
+from ha.core.guards import GuardBook
+from ha.core.idset import PositionSet
+from ha.replicating import QueueWatch, ReplicatingSender
+
+
+class Token:
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class Primary:
+    """What a QueueWatch and a ReplicatingSender use of the primary, and one backup "b" guarding."""
+
+    def __init__(self, q: Queue) -> None:
+        self.q = q
+        self.guards: GuardBook[Any] = GuardBook()
+        self.guards.add_backup("b")
+        self.watches: dict[str, QueueWatch] = {}
+        self.changed: list[QueueWatch] = []
+        self.to_run: set[ReplicatingSender] = set()
+        self.config = SimpleNamespace(ha_flow_messages=1000, ha_batch_bytes=256 * 1024, ha_flow_bytes=16 << 20)
+        self.server = SimpleNamespace(store=None)
+        self.watch = self.watches[q.name] = QueueWatch(self, q.name)  # type: ignore[arg-type]
+        q.observers.append(self.watch)
+        self.sent: list[bytes] = []
+
+    def attach(self, version: int = 4) -> ReplicatingSender:
+        """The backup's browser attaches now (holding nothing)."""
+        plan = plan_catchup(PositionSet.from_ranges(self.q.position_ranges()), PositionSet())
+        backup = SimpleNamespace(name="b", catchup=BackupCatchup([self.q.name]))
+        link = SimpleNamespace(_impl=None, remote_properties={P.LINK_BATCH_MAX: version}, properties={})
+        s = ReplicatingSender(self, link, None, self.q, backup, plan, True)  # type: ignore[arg-type]
+        s._send = self.sent.append  # type: ignore[method-assign]
+        self.guards.start("b", self.q.name, plan.snapshot_max, plan.skip)
+        self.watch.senders["b"] = s
+        return s
+
+    def publish(self, mid: str) -> tuple[Entry, Token]:
+        """A publisher's transfer routed as the router does it (the id enters the window), held for the backup."""
+        data = bytes(Message(id=mid, body=mid, durable=True).encode())
+        e = self.q.enqueue(data, 4, None, True)
+        k = key(mid)
+        assert k is not None and self.q.dedup is not None
+        self.q.dedup.add(k, time.time())
+        e.flags |= WINDOWED
+        t = Token()
+        self.watch.hold(e.position, t, len(data))  # type: ignore[arg-type]
+        return e, t
+
+    def end_of_pass(self) -> list[Any]:
+        """Flush the watch, let the browser send (credit 100): the records it sent (but the window's)."""
+        for w in self.changed:
+            w.flush()
+        self.changed = []
+        self.sent.clear()
+        for s in self.watch.senders.values():
+            s._send_batches(100)
+        self.to_run = set()
+        return [r for payload in self.sent for r in parse(payload, 1 << 20) if type(r) is not Window]
+
+    def acked(self, b: Any, queue: str, positions: PositionSet) -> None:
+        """(what Primary.acked does with the guards)"""
+        for c in self.guards.acked(b.name, queue, positions).released:
+            c.release()
+
+    def ack(self, *positions: int) -> None:
+        self.acked(SimpleNamespace(name="b"), self.q.name, PositionSet(positions))
+
+
+def _queue() -> Queue:
+    args = {"duplicate-window": 10}
+    return Queue("q", args, QueueOptions.from_arguments(args))
+
+
+def test_a_message_consumed_before_it_was_sent_is_settled_once_the_backup_acknowledges_its_id() -> None:
+    p = Primary(_queue())
+    s = p.attach()
+    s.flow_bytes = 0  # the replication credit is used up: live messages wait
+    s.inflight.append((0, 1))
+    s.inflight_bytes = 1
+    e, t = p.publish("m-1")
+    assert p.end_of_pass() == [] and list(s.live) == [e]  # held, not sent
+    p.q.dequeue(e, DequeueReason.ACCEPTED)  # a consumer takes it
+    s.flow_bytes = 16 << 20
+    records = p.end_of_pass()
+    assert t.released == 0  # not at the dequeue
+    assert Gone("G", 1, b"Sm-1") in records and not any(type(r) is tuple and len(r) == 6 for r in records)
+    p.ack(1)
+    assert t.released == 1
+
+
+def test_a_message_consumed_after_it_was_sent_waits_for_the_acknowledgement_with_no_gone_record() -> None:
+    p = Primary(_queue())
+    p.attach()
+    e, t = p.publish("m-1")
+    assert [r[0] for r in p.end_of_pass() if type(r) is tuple and len(r) == 6] == [1]  # sent, with its id
+    p.q.dequeue(e, DequeueReason.ACCEPTED)
+    assert not any(type(r) is Gone for r in p.end_of_pass()) and t.released == 0
+    p.ack(1)
+    assert t.released == 1
+
+
+def test_a_backup_of_batch_format_3_is_not_waited_for_at_the_dequeue() -> None:
+    p = Primary(_queue())
+    p.attach(version=3)
+    e, t = p.publish("m-1")
+    p.q.dequeue(e, DequeueReason.ACCEPTED)  # in the pass that took it
+    assert t.released == 0
+    p.end_of_pass()
+    assert t.released == 1  # as before version 4
+
+
+def test_a_message_whose_write_failed_is_released_at_once_and_its_id_never_sent() -> None:
+    """The journal's write failed: the publisher is refused, the id leaves the primary's window (broker.store), so
+    no backup may take it (a resend after a failover would be dropped: lost)."""
+    p = Primary(_queue())
+    p.attach()
+    e, t = p.publish("m-1")
+    Store._take_back([[(p.q, e)]], [])
+    assert p.q.dedup is not None and not p.q.dedup.seen(b"Sm-1", time.time())
+    records = p.end_of_pass()
+    assert t.released == 1 and not any(type(r) is Gone for r in records)
+
+
+def test_a_catch_up_message_consumed_before_it_was_sent_is_acknowledged_without_a_message() -> None:
+    """Below the browser's snapshot the id came in the window of its first batch: a "G" without the id makes the
+    backup acknowledge the position, and it does not count as a catch-up acknowledgement."""
+    p = Primary(_queue())
+    held = [p.publish(f"m-{i}") for i in range(1, 4)]
+    p.end_of_pass()  # no browser yet: held for "b" all the same
+    s = p.attach()
+    s.catchup_window = 0  # catch-up sends nothing yet
+    p.q.dequeue(held[1][0], DequeueReason.ACCEPTED)
+    records = p.end_of_pass()
+    assert Gone("G", 2, b"") in records and held[1][1].released == 0
+    s.catchup_window = 1000
+    records = p.end_of_pass()
+    assert sorted(r[0] for r in records if type(r) is tuple and len(r) == 6) == [1, 3]
+    s.acknowledged(PositionSet([1, 2, 3]))
+    s._acked(s.acks)  # (what run() does)
+    assert [t.released for _, t in held] == [1, 1, 1] and not s.catchup_sent and s.qc.done
+
+
+def test_a_catch_up_message_consumed_after_it_was_sent_gets_no_gone_record() -> None:
+    """Sent by catch-up (acknowledged exactly when applied): an acknowledgement-only "G" too would be taken for
+    the catch-up batch's and leave it counted in flight."""
+    p = Primary(_queue())
+    e, t = p.publish("m-1")
+    p.end_of_pass()
+    s = p.attach()
+    assert [r[0] for r in p.end_of_pass() if type(r) is tuple and len(r) == 6] == [1]
+    p.q.dequeue(e, DequeueReason.ACCEPTED)
+    assert not any(type(r) is Gone for r in p.end_of_pass()) and s.catchup_sent
+    s._acked(PositionSet([1]))
+    assert t.released == 1 and not s.catchup_sent and s.catchup_bytes == 0
+
+
+def test_paged_messages_of_a_windowed_queue_come_back_marked_windowed(tmp_path: Path) -> None:
+    """A record does not say whether its message's id entered the window: read back on a queue with one, a
+    message counts as windowed (its publisher waits for the backups' acknowledgement, not the dequeue)."""
+    s = Server(BrokerConfig(port=0, data_dir=tmp_path, max_memory=1 << 20), "unit")
+    s.start()
+    try:
+        store = s.store
+        assert store is not None
+        plain, _ = s.wiring.declare_queue("plain", {"durable": True})
+        windowed, _ = s.wiring.declare_queue("windowed", {"durable": True, "duplicate-window": 100})
+        for q in (plain, windowed):
+            for i in range(20):
+                q.enqueue(Message(id=f"m-{i}", body="x" * 100_000, durable=True).encode(), durable=True)
+            store.end_of_pass()
+            store.sync_deferred()
+            assert store.page_out(q, 1 << 30) > 0 and q.paged_count
+            assert store.page_in(q, 1 << 30) > 0
+        assert all(e.flags & WINDOWED for e in windowed.entries.values())
+        assert not any(e.flags & WINDOWED for e in plain.entries.values())
+    finally:
+        assert s.store is not None
+        s.store.close()
+        s.engine.close()
