@@ -4,15 +4,14 @@ journal on disk; the event loop and the memory check are turned by hand."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
 from broker.paging import PageIndex
 from broker.server import Server
+from tests.support.store import close, commit, journaled
 
 MiB = 1 << 20
 
@@ -22,14 +21,11 @@ def make(tmp_path: Path) -> Iterator[list[Server]]:
     servers: list[Server] = []
     yield servers
     for s in servers:
-        assert s.store is not None
-        s.store.close()
-        s.engine.close()
+        close(s)
 
 
 def start(servers: list[Server], data_dir: Path, max_memory: int) -> Server:
-    s = Server(BrokerConfig(port=0, data_dir=data_dir, max_memory=max_memory), "unit")
-    s.start()
+    s = journaled(data_dir, max_memory)
     servers.append(s)
     return s
 
@@ -39,14 +35,6 @@ def check(s: Server) -> bool:
     assert s.memory is not None and s.store is not None
     s.memory._next = 0.0
     return s.memory.end_of_pass()
-
-
-def commit(s: Server) -> None:
-    assert s.store is not None
-    s.store.end_of_pass()
-    deadline = time.monotonic() + 5
-    while s.store.tickets and time.monotonic() < deadline:
-        s.engine.run_once(0.02)
 
 
 def test_consumers_of_big_messages_are_fed_about_a_mebibyte_not_256_messages(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,36 +20,21 @@ from broker.server import Server
 from broker.store.records import JournalError
 from ha.core import batch as B
 from ha.replica import QueueReplicator
+from tests.support.store import close, commit, journaled
 
 BOUND = 100_000  # --max-memory: recovery reads ~32 KB of bodies, the rest is only indexed
 
 
 def start(data_dir: Path, max_memory: int = BOUND) -> Server:
-    s = Server(BrokerConfig(port=0, data_dir=data_dir, max_memory=max_memory), "unit")
-    assert s.store is not None
-    s.start()
-    return s
-
-
-def commit(s: Server) -> None:
-    """End the pass and wait for its sync."""
-    store = s.store
-    assert store is not None
-    store.end_of_pass()
-    deadline = time.monotonic() + 5
-    while store.tickets and time.monotonic() < deadline:
-        s.engine.run_once(0.02)
-    assert not store.tickets
+    return journaled(data_dir, max_memory)
 
 
 RUNNING: list[Server] = []
 
 
 def stop(s: Server) -> None:
-    assert s.store is not None
     RUNNING.remove(s)
-    s.store.close()
-    s.engine.close()
+    close(s)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ stand-in HA node, with a backup registered by hand (no wire)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +20,7 @@ from ha.core.membership import Membership
 from ha.core.states import HaState
 from ha.primary import Primary
 from ha.replicating import RemoteBackup, ReplicatingSender
+from tests.support.store import commit
 
 
 class Token:
@@ -55,13 +55,7 @@ class Node:
 
 
 def synced(server: Server) -> None:
-    store = server.store
-    assert store is not None
-    store.end_of_pass()
-    deadline = time.monotonic() + 5
-    while store.tickets and time.monotonic() < deadline:
-        server.engine.run_once(0.02)
-    assert not store.tickets
+    commit(server)
 
 
 @pytest.fixture(params=[HaState.ACTIVE])

@@ -25,6 +25,7 @@ from broker.store import records as R
 from broker.store.journal import INLINE_OFF, INLINE_SYNC_BYTES, INLINE_SYNC_SLOW, segment_name
 from broker.store.store import read_journal
 from broker.transactions import ACCEPTED, Taken
+from tests.support.store import wait_synced
 
 
 @pytest.fixture
@@ -42,12 +43,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 def settle(server: Server) -> None:
     """Let every sync in flight (the start-up checkpoint's) report back."""
-    store = server.store
-    assert store is not None
-    deadline = time.monotonic() + 5
-    while store.tickets and time.monotonic() < deadline:
-        server.engine.run_once(0.02)
-    assert not store.tickets
+    wait_synced(server)
 
 
 def test_when_synced_waits_for_the_sync_of_the_pass_that_journaled(server: Server) -> None:

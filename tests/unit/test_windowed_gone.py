@@ -12,11 +12,9 @@ from typing import Any
 
 from proton import Message
 
-from broker.config import BrokerConfig
 from broker.dedup import key
 from broker.options import QueueOptions
 from broker.queue import WINDOWED, DequeueReason, Entry, Queue
-from broker.server import Server
 from broker.store.store import Store
 from ha import protocol as P
 from ha.core.batch import Gone, Window, parse
@@ -24,6 +22,7 @@ from ha.core.catchup import BackupCatchup, plan_catchup
 from ha.core.guards import GuardBook
 from ha.core.idset import PositionSet
 from ha.replicating import QueueWatch, ReplicatingSender
+from tests.support.store import close, journaled
 
 
 class Token:
@@ -184,8 +183,7 @@ def test_a_catch_up_message_consumed_after_it_was_sent_gets_no_gone_record() -> 
 def test_paged_messages_of_a_windowed_queue_come_back_marked_windowed(tmp_path: Path) -> None:
     """A record does not say whether its message's id entered the window: read back on a queue with one, a
     message counts as windowed (its publisher waits for the backups' acknowledgement, not the dequeue)."""
-    s = Server(BrokerConfig(port=0, data_dir=tmp_path, max_memory=1 << 20), "unit")
-    s.start()
+    s = journaled(tmp_path, 1 << 20)
     try:
         store = s.store
         assert store is not None
@@ -201,6 +199,4 @@ def test_paged_messages_of_a_windowed_queue_come_back_marked_windowed(tmp_path: 
         assert all(e.flags & WINDOWED for e in windowed.entries.values())
         assert not any(e.flags & WINDOWED for e in plain.entries.values())
     finally:
-        assert s.store is not None
-        s.store.close()
-        s.engine.close()
+        close(s)
