@@ -769,7 +769,9 @@ class Queue:
         for pos, loc, _ in gone:
             if marks:
                 marks.pop(pos, None)
-            stub = Entry(pos, _EMPTY, 0, None, DURABLE)
+            # (on a queue with a window it may be a message whose id is in it: ha.replicating keeps its publisher's
+            # guard until the backups have the id, which it reads from its own copy)
+            stub = Entry(pos, _EMPTY, 0, None, DURABLE | WINDOWED if self.dedup is not None else DURABLE)
             stub.seg = loc
             stub.state = PAGED
             self.stats.dequeued += 1

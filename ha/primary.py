@@ -303,9 +303,13 @@ class Primary:
         # Places it guards that are off the queue already: windowed messages dequeued before this browser could
         # send them (QueueWatch). The window of its first batch has their ids; it acknowledges them after it ("G"
         # records). A backup of an older batch format is not waited for (as before version 4).
-        left = self.guards.outstanding(b.name, name)
+        # Those dequeued in this very round are not held yet (the watch's flush holds them after this): theirs too.
+        left = self.guards.outstanding(b.name, name) if q.dedup is not None else None
         if left:
             left = left.difference(PositionSet.from_ranges(q.position_ranges()))
+        w = self.watches.get(name)
+        if w is not None and w.windowed and sender.version >= VERSION_GONE:
+            left = (left or PositionSet()).union(PositionSet(sorted(w.windowed)))
         if left:
             if sender.version >= VERSION_GONE:
                 sender.acks_only = left

@@ -319,9 +319,10 @@ class ReplicatingSender(LinkHandler):
         self.unreadable = ""  # why catch-up could not go on (a paged message not read back): the link closes
         self.window: list[tuple[bytes, float]] | None = None
         # Version 4: windowed messages dequeued before they went out, position -> id key ("G" with the id, from
-        # the live loop); positions up to the snapshot the backup is to acknowledge with no message ("G" without
-        # an id: the first batch's window has it), to send, and sent (not catch-up: `_acked`).
-        self.gone_ids: dict[int, bytes] = {}
+        # the live loop; None: read it from the entry there, a paged one's); positions the backup is to acknowledge
+        # with no message ("G" without an id: the first batch's window has it), to send, and sent (not catch-up:
+        # `_acked`).
+        self.gone_ids: dict[int, bytes | None] = {}
         self.acks_only = PositionSet()
         self.acks_only_sent = PositionSet()
         self.unsent = _NO_POSITIONS  # catch-up positions this pass's dequeues took off the plan (`take_windowed`)
@@ -363,8 +364,15 @@ class ReplicatingSender(LinkHandler):
                     self.acks_only.add(pos)
                 # else sent by catch-up (acknowledged exactly), or held by the backup when it attached
             elif first and pos >= first:  # not sent yet (`live` is ascending): its id goes alone
-                self.gone_ids[pos] = _id_key(data)
+                self.gone_ids[pos] = self._window_key(data) if data else None  # (None: paged, dequeued unread)
             # else it was sent, with its id: the backup acknowledges it
+
+    def _window_key(self, data: bytes) -> bytes:
+        """The id key of a message dequeued before it was sent, if it is in the queue's window (b"": only
+        acknowledged: a message read back from the journal may never have had its id taken, broker.store)."""
+        k = _id_key(data)
+        dedup = self.queue.dedup
+        return k if dedup is not None and k in dedup else b""
 
     def txn_part(self, unit: int, parts: int) -> None:
         """The next batch is part of transaction unit `unit` (of `parts` parts on this backup): it carries every
@@ -474,11 +482,15 @@ class ReplicatingSender(LinkHandler):
         if self.dequeues:
             w.dequeue_ranges(self.dequeues.ranges())
             self.dequeues = PositionSet()
-        if self.acks_only:
+        if self.acks_only:  # (within the batch's bytes: the rest goes with the next, after their acknowledgement)
+            sent = PositionSet()
             for pos in self.acks_only:
+                if w.size >= limit:
+                    break
                 w.gone(pos)
-            self.acks_only_sent = self.acks_only_sent.union(self.acks_only)
-            self.acks_only = PositionSet()
+                sent.add(pos)
+            self.acks_only_sent = self.acks_only_sent.union(sent)
+            self.acks_only = self.acks_only.difference(sent)
         live = self.live
         if live:
             # The hot loop: BatchWriter.enqueue inlined, the live part of each batch remembered as (highest position,
@@ -490,15 +502,10 @@ class ReplicatingSender(LinkHandler):
             gone_ids = self.gone_ids
             while live and (room > 0 or live[0].position <= txn_top):
                 e = live.popleft()
-                if e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position)):
-                    # Dequeued meanwhile (or paged out, read back and consumed): its dequeue range goes instead, and
-                    # a windowed one's id (its publisher waits for it: QueueWatch).
-                    if gone_ids and e.position in gone_ids:
-                        k = gone_ids.pop(e.position)
-                        parts.append(GONE.pack(b"G", e.position, len(k)))
-                        parts.append(k)
-                        size += GONE.size + len(k)
-                        count += 1
+                # Dequeued meanwhile (or paged out, read back and consumed): its dequeue range goes instead, and a
+                # windowed one's id (its publisher waits for it: QueueWatch).
+                dead = e.state >= DEAD and (e.state == DEAD or not self.queue.holds(e.position))
+                if dead and not (gone_ids and e.position in gone_ids):
                     continue
                 if size >= limit and e.position > txn_top:  # never splits a transaction's part
                     w.size, w.count = size, count
@@ -510,6 +517,15 @@ class ReplicatingSender(LinkHandler):
                     if credit <= 0:
                         live.appendleft(e)
                         return
+                if dead:
+                    k = gone_ids.pop(e.position)
+                    if k is None:  # paged and dequeued unread: the copy here has the message
+                        k = self._window_key(e.data) if e.data else b""
+                    parts.append(GONE.pack(b"G", e.position, len(k)))
+                    parts.append(k)
+                    size += GONE.size + len(k)
+                    count += 1
+                    continue
                 data = e.data
                 n = len(data)
                 flags = e.flags

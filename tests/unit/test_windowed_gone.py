@@ -18,11 +18,12 @@ from broker.queue import WINDOWED, DequeueReason, Entry, Queue
 from broker.store.store import Store
 from ha import protocol as P
 from ha.core.batch import Gone, Window, parse
-from ha.core.catchup import BackupCatchup, plan_catchup
+from ha.core.catchup import BackupCatchup
 from ha.core.guards import GuardBook
 from ha.core.idset import PositionSet
+from ha.primary import Primary as RealPrimary
 from ha.replicating import QueueWatch, ReplicatingSender
-from tests.support.store import close, journaled
+from tests.support.store import close, commit, journaled
 
 
 class Token:
@@ -36,37 +37,47 @@ class Token:
 class Primary:
     """What a QueueWatch and a ReplicatingSender use of the primary, and one backup "b" guarding."""
 
-    def __init__(self, q: Queue) -> None:
+    def __init__(self, q: Queue, batch_bytes: int = 256 * 1024) -> None:
         self.q = q
         self.guards: GuardBook[Any] = GuardBook()
         self.guards.add_backup("b")
         self.watches: dict[str, QueueWatch] = {}
         self.changed: list[QueueWatch] = []
         self.to_run: set[ReplicatingSender] = set()
-        self.config = SimpleNamespace(ha_flow_messages=1000, ha_batch_bytes=256 * 1024, ha_flow_bytes=16 << 20)
-        self.server = SimpleNamespace(store=None)
+        self.config = SimpleNamespace(ha_flow_messages=1000, ha_batch_bytes=batch_bytes, ha_flow_bytes=16 << 20)
+        self.server = SimpleNamespace(store=None, wiring=SimpleNamespace(queues={q.name: q}))
+        self.node = SimpleNamespace(epoch=1)
+        self.epoch_start: dict[str, int] = {}
+        self.previous_epoch = 0
+        self.backups: dict[str, Any] = {}
         self.watch = self.watches[q.name] = QueueWatch(self, q.name)  # type: ignore[arg-type]
         q.observers.append(self.watch)
         self.sent: list[bytes] = []
 
     def attach(self, version: int = 4) -> ReplicatingSender:
-        """The backup's browser attaches now (holding nothing)."""
-        plan = plan_catchup(PositionSet.from_ranges(self.q.position_ranges()), PositionSet())
-        backup = SimpleNamespace(name="b", catchup=BackupCatchup([self.q.name]))
-        link = SimpleNamespace(_impl=None, remote_properties={P.LINK_BATCH_MAX: version}, properties={})
-        s = ReplicatingSender(self, link, None, self.q, backup, plan, True)  # type: ignore[arg-type]
+        """The backup's browser attaches now (holding nothing), as Primary._attach_queue does it."""
+        backup = SimpleNamespace(catchup=BackupCatchup([self.q.name]))
+        link = SimpleNamespace(_impl=None, remote_properties={P.LINK_BATCH_MAX: version, P.LINK_BATCH: 1},
+                               properties={}, is_receiver=False, source=SimpleNamespace(address=None))
+        st = SimpleNamespace(kind="ha")
+        self.backups = {"b": SimpleNamespace(name="b", conn=st, epoch=1, senders={}, reattach={},
+                                             catchup=backup.catchup)}
+        s = RealPrimary._attach_queue(self, link, st, P.QUEUE_PREFIX + self.q.name)  # type: ignore[arg-type]
+        assert isinstance(s, ReplicatingSender)
         s._send = self.sent.append  # type: ignore[method-assign]
-        self.guards.start("b", self.q.name, plan.snapshot_max, plan.skip)
-        self.watch.senders["b"] = s
         return s
 
-    def publish(self, mid: str) -> tuple[Entry, Token]:
+    def _backup_of(self, st: Any) -> Any:
+        return self.backups["b"]
+
+    def publish(self, mid: str, window: bool = True) -> tuple[Entry, Token]:
         """A publisher's transfer routed as the router does it (the id enters the window), held for the backup."""
         data = bytes(Message(id=mid, body=mid, durable=True).encode())
         e = self.q.enqueue(data, 4, None, True)
         k = key(mid)
         assert k is not None and self.q.dedup is not None
-        self.q.dedup.add(k, time.time())
+        if window:
+            self.q.dedup.add(k, time.time())
         e.flags |= WINDOWED
         t = Token()
         self.watch.hold(e.position, t, len(data))  # type: ignore[arg-type]
@@ -200,3 +211,85 @@ def test_paged_messages_of_a_windowed_queue_come_back_marked_windowed(tmp_path: 
         assert not any(e.flags & WINDOWED for e in plain.entries.values())
     finally:
         close(s)
+
+
+def test_a_message_taken_and_dequeued_in_the_round_its_browser_attached_in_is_acknowledged() -> None:
+    """Routed, dequeued (a ring queue overflowing, a purge) and the backup's browser attached, all before the pass
+    ends: the place is held for the backup only at the flush after the attach, and the message was never on the
+    queue the browser saw. The browser acknowledges it ("G" without an id) or its publisher waits for good."""
+    p = Primary(_queue())
+    _, t0 = p.publish("m-0")  # stays on the queue: the dequeued place is below the browser's snapshot
+    e, t = p.publish("m-1")
+    _, t2 = p.publish("m-2")
+    p.q.dequeue(e, DequeueReason.PURGED)
+    p.attach()
+    records = p.end_of_pass()
+    assert Gone("G", 2, b"") in records and t.released == 0
+    p.ack(1, 2, 3)
+    assert (t0.released, t.released, t2.released) == (1, 1, 1)
+
+
+def test_a_paged_message_dequeued_unread_before_it_was_sent_sends_its_id(tmp_path: Path) -> None:
+    """A purge (or a move) of paged messages dequeues them without reading them back: the browser's own copy,
+    not yet sent, gives the id (released at the dequeue, the backup never learned it)."""
+    s = journaled(tmp_path, 1 << 20)
+    try:
+        q, _ = s.wiring.declare_queue("windowed", {"durable": True, "duplicate-window": 100})
+        p = Primary(q)
+        b = p.attach()
+        b.flow_bytes = 0  # the replication credit is used up: live messages wait
+        b.inflight.append((0, 1))
+        b.inflight_bytes = 1
+        e, t = p.publish("m-1")
+        p.end_of_pass()
+        commit(s)
+        assert s.store is not None and s.store.page_out(q, 1 << 30) and q.paged_count == 1
+        assert q.purge() == 1
+        b.flow_bytes = 16 << 20
+        records = p.end_of_pass()
+        assert Gone("G", e.position, b"Sm-1") in records and t.released == 0
+        p.ack(e.position)
+        assert t.released == 1
+    finally:
+        close(s)
+
+
+def test_a_message_whose_id_is_not_in_the_window_is_acknowledged_without_it() -> None:
+    """A message read back from the journal counts as windowed though its id may never have entered the window
+    (moved or dead-lettered into the queue): the backup must not take an id the primary's window does not have
+    (its window would differ, and drop a resend the primary takes)."""
+    p = Primary(_queue())
+    b = p.attach()
+    b.flow_bytes = 0
+    b.inflight.append((0, 1))
+    b.inflight_bytes = 1
+    e, t = p.publish("moved-1", window=False)
+    p.end_of_pass()
+    p.q.dequeue(e, DequeueReason.ACCEPTED)
+    b.flow_bytes = 16 << 20
+    assert Gone("G", 1, b"") in p.end_of_pass()
+    p.ack(1)
+    assert t.released == 1
+
+
+def test_acknowledgement_only_records_are_sent_within_the_batch_bytes() -> None:
+    """A browser attaching after 300 windowed messages were purged unsent: their acknowledgements go over several
+    batches of --ha-batch-bytes, not one transfer as big as the purge."""
+    p = Primary(_queue(), batch_bytes=1024)
+    tokens = [p.publish(f"m-{i}")[1] for i in range(300)]
+    p.end_of_pass()
+    p.q.purge()
+    p.end_of_pass()
+    b = p.attach()
+    sizes, acked = [], 0
+    for _ in range(10):
+        p.end_of_pass()
+        sizes += [len(x) for x in p.sent]
+        got = [r.position for x in p.sent for r in parse(x, 1 << 20) if type(r) is Gone]
+        acked += len(got)
+        if got:
+            b.acknowledged(PositionSet(got))
+            b._acked(b.acks)
+            b.acks = PositionSet()
+    assert acked == 300 and all(t.released == 1 for t in tokens)
+    assert len(sizes) > 3 and max(sizes) < 1024 + 64
