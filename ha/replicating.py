@@ -205,7 +205,7 @@ class QueueWatch:
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
         self.gone.add(entry.position)
-        if entry.flags & WINDOWED:
+        if entry.flags & WINDOWED and self.primary.guards.guarding:
             self.windowed[entry.position] = (entry, entry.data)  # (the queue empties the entry's data next)
         if not self.scheduled:
             self.scheduled = True
@@ -471,7 +471,8 @@ class ReplicatingSender(LinkHandler):
         version = self.version
         w = BatchWriter(limit, version)
         txn_top = 0
-        if self.txn_units:  # first in the batch; all of the unit's records of this queue go in this one batch
+        part = bool(self.txn_units)
+        if part:  # first in the batch; all of the unit's records of this queue go in this one batch
             for unit, unit_parts in self.txn_units:
                 w.txn(unit, unit_parts)
             self.txn_units = []
@@ -482,11 +483,17 @@ class ReplicatingSender(LinkHandler):
         if self.dequeues:
             w.dequeue_ranges(self.dequeues.ranges())
             self.dequeues = PositionSet()
-        if self.acks_only:  # (within the batch's bytes: the rest goes with the next, after their acknowledgement)
+        if self.acks_only:
+            # Within --ha-batch-bytes (a transaction's part is never split), as far as the credit goes (one kept for
+            # the batch still open); the rest waits for more credit (`on_flow` runs this browser again).
             sent = PositionSet()
             for pos in self.acks_only:
-                if w.size >= limit:
-                    break
+                if w.size >= limit and not part:
+                    if credit <= 1:
+                        break
+                    self._send(w.payload())
+                    credit -= 1
+                    w = BatchWriter(limit, version)
                 w.gone(pos)
                 sent.add(pos)
             self.acks_only_sent = self.acks_only_sent.union(sent)

@@ -231,6 +231,11 @@ class GuardBook(Generic[T]):
     def backups(self) -> frozenset[str]:
         return frozenset(self._backups)
 
+    @property
+    def guarding(self) -> bool:
+        """Is any backup guarding (holds would guard)?"""
+        return bool(self._all)
+
     # -- holding and releasing --------------------------------------------------------------------------------------
 
     def hold(self, queue: str, positions: Sequence[int], tokens: Sequence[T], now: float, nbytes: int = 0,
