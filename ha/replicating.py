@@ -110,10 +110,14 @@ class QueueWatch:
     once every backup has the id (else a resend after a failover, its settlement lost, would be taken again), so
     its place stays guarded for each backup of batch format version 4 until that backup acknowledges it: a browser
     that had not sent it yet sends its id alone ("G" record), one that attaches later acknowledges it after the
-    window its first batch carries (`ReplicatingSender.take_windowed`, `Primary._attach_queue`)."""
+    window its first batch carries (`ReplicatingSender.take_windowed`, `Primary._attach_queue`). Unless a consumer
+    accepted it in mode second and waits for its answer, which waits for the backups' acknowledgements of the
+    dequeue: a backup whose browser sent the message before the dequeue applies its id before the dequeue, so the
+    consumer is told its accept stands only once every such backup has the id (else it may get it again, flagged
+    as a redelivery); for those backups the dequeue releases the place as before (`_accepted`)."""
 
-    __slots__ = ("accepts", "fresh", "gone", "held_bytes", "held_positions", "held_tokens", "primary", "queue",
-                 "returned", "scheduled", "senders", "taken", "windowed")
+    __slots__ = ("accepted", "accepts", "fresh", "gone", "held_bytes", "held_positions", "held_tokens",
+                 "last_windowed", "primary", "queue", "returned", "scheduled", "senders", "taken", "windowed")
 
     def __init__(self, primary: PrimarySide, queue: str) -> None:
         self.primary = primary
@@ -128,6 +132,8 @@ class QueueWatch:
         self.returned: list[tuple[int, int, int, int]] = []  # released: (len(taken) then, position, flags, count)
         self.accepts: list[AcceptToken] = []  # consumer accepts of this pass answered once dequeues are replicated
         self.windowed: dict[int, tuple[Entry, bytes]] = {}  # dequeued windowed messages of this pass, by position
+        self.last_windowed = 0  # the position of the message dequeued last if it is windowed (`hold_accept`)
+        self.accepted: list[int] = []  # of `windowed`, those whose consumer waits for the backups' dequeue
         self.scheduled = False
 
     def hold(self, position: int, completion: Completion, nbytes: int) -> None:
@@ -148,8 +154,12 @@ class QueueWatch:
             self.primary.changed.append(self)
 
     def hold_accept(self, token: AcceptToken) -> None:
-        """A consumer's accept of a message this pass dequeued: answered once the backups have the dequeue."""
+        """A consumer's accept of a message this pass dequeued (the last one dequeued; a commit's: the last of its
+        dequeues here): answered once the backups have the dequeue."""
         self.accepts.append(token)
+        if self.last_windowed:
+            self.accepted.append(self.last_windowed)
+            self.last_windowed = 0
         if not self.scheduled:
             self.scheduled = True
             self.primary.changed.append(self)
@@ -185,8 +195,27 @@ class QueueWatch:
         tokens = [*self.held_tokens, *self.accepts]
         self.held_positions, self.held_tokens, self.held_bytes, self.accepts = [], [], 0, []
         self.fresh, self.gone, self.taken, self.returned, self.windowed = [], PositionSet(), [], [], {}
+        self.accepted = []
         for c in tokens:
             c.release()
+
+    def _accepted(self, windowed: dict[int, bytes], fresh: list[Entry]) -> list[Completion]:
+        """Release, for each backup whose browser acknowledges dequeues, the accepted windowed messages of this pass
+        that it was sent before the dequeue (see the class)."""
+        accepted = [pos for pos in self.accepted if pos in windowed]
+        self.accepted = []
+        released: list[Completion] = []
+        if not accepted:
+            return released
+        unsent = fresh[0].position if fresh else 0  # (this pass's messages: the browsers' `live` next)
+        for name, s in self.senders.items():
+            if s.closed or s.version < VERSION_GONE or not s.dequeue_acks:
+                continue
+            first = s.live[0].position if s.live else unsent
+            sent = [pos for pos in accepted if pos <= s.snapshot_max or not first or pos < first]
+            if sent:
+                released += self.primary.guards.dequeued(self.queue, PositionSet(sorted(sent)), [name])
+        return released
 
     def _state_ops(self) -> list[StateOp]:
         """The pass's acquisitions and releases, in order, as ranges and records."""
@@ -207,6 +236,9 @@ class QueueWatch:
         self.gone.add(entry.position)
         if entry.flags & WINDOWED and self.primary.guards.guarding:
             self.windowed[entry.position] = (entry, entry.data)  # (the queue empties the entry's data next)
+            self.last_windowed = entry.position
+        else:
+            self.last_windowed = 0
         if not self.scheduled:
             self.scheduled = True
             self.primary.changed.append(self)
@@ -238,6 +270,8 @@ class QueueWatch:
                 older = [name for name, s in self.senders.items() if not s.closed and s.version < VERSION_GONE]
                 if older:
                     released += p.guards.dequeued(self.queue, kept, older)
+                if self.accepted:
+                    released += self._accepted(windowed, fresh)
             else:
                 released = p.guards.dequeued(self.queue, gone)
             for c in released:

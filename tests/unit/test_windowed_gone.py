@@ -54,11 +54,12 @@ class Primary:
         q.observers.append(self.watch)
         self.sent: list[bytes] = []
 
-    def attach(self, version: int = 4) -> ReplicatingSender:
+    def attach(self, version: int = 4, dequeue_acks: bool = False) -> ReplicatingSender:
         """The backup's browser attaches now (holding nothing), as Primary._attach_queue does it."""
         backup = SimpleNamespace(catchup=BackupCatchup([self.q.name]))
-        link = SimpleNamespace(_impl=None, remote_properties={P.LINK_BATCH_MAX: version, P.LINK_BATCH: 1},
-                               properties={}, is_receiver=False, source=SimpleNamespace(address=None))
+        props = {P.LINK_BATCH_MAX: version, P.LINK_BATCH: 1, P.LINK_DEQUEUE_ACKS: 1 if dequeue_acks else 0}
+        link = SimpleNamespace(_impl=None, remote_properties=props, properties={}, is_receiver=False,
+                               source=SimpleNamespace(address=None))
         st = SimpleNamespace(kind="ha")
         self.backups = {"b": SimpleNamespace(name="b", conn=st, epoch=1, senders={}, reattach={},
                                              catchup=backup.catchup)}
@@ -315,3 +316,28 @@ def test_acknowledgement_only_records_go_out_though_the_first_batch_is_full_of_w
     assert len(p.sent) >= 2 and [r.position for r in records if type(r) is Gone] == [1, 2, 3]
     p.ack(1, 2, 3)
     assert [t.released for _, t in held] == [1, 1, 1]
+
+
+def test_a_consumer_waiting_for_its_accept_lets_the_message_go_once_the_backup_was_sent_it() -> None:
+    """A consumer in receiver-settle-mode second is told its accept stands only once the backup acknowledged the
+    dequeue, which it applies after the message (and its id) it was sent before: the dequeue settles the publisher,
+    as before version 4. One the backup was not sent yet (or an at-most-once consumer's) waits for its "G"."""
+    p = Primary(_queue())
+    s = p.attach(dequeue_acks=True)
+    assert s.dequeue_acks
+    (sent, t1), (presettled, t2) = p.publish("m-1"), p.publish("m-2")
+    p.end_of_pass()  # both sent
+    s.flow_bytes = 0  # then the replication credit is used up: m-3 waits
+    s.inflight_bytes = s.flow_bytes + 1
+    unsent, t3 = p.publish("m-3")
+    p.end_of_pass()
+    for e, held in ((sent, True), (presettled, False), (unsent, True)):
+        p.q.dequeue(e, DequeueReason.ACCEPTED)
+        if held:  # (what the consumer link does for an accept in mode second)
+            p.watch.hold_accept(Token())  # type: ignore[arg-type]
+    s.flow_bytes = 16 << 20
+    records = p.end_of_pass()
+    assert (t1.released, t2.released, t3.released) == (1, 0, 0)
+    assert Gone("G", 3, b"Sm-3") in records
+    p.ack(3)
+    assert (t2.released, t3.released) == (1, 1)
