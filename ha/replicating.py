@@ -21,7 +21,7 @@ from proton import Message
 from broker.connections import ConnectionState
 from broker.dedup import key as id_key
 from broker.engine import raw
-from broker.links import AcceptToken, Completion, LinkHandler
+from broker.links import AcceptCompletion, AcceptToken, Completion, LinkHandler
 from broker.log import get_logger
 from broker.message import current_message_id, decode
 from broker.paging import Paged
@@ -113,8 +113,9 @@ class QueueWatch:
     window its first batch carries (`ReplicatingSender.take_windowed`, `Primary._attach_queue`). Unless a consumer
     accepted it in mode second and waits for its answer, which waits for the backups' acknowledgements of the
     dequeue: a backup whose browser sent the message before the dequeue applies its id before the dequeue, so the
-    consumer is told its accept stands only once every such backup has the id (else it may get it again, flagged
-    as a redelivery); for those backups the dequeue releases the place as before (`_accepted`)."""
+    consumer is told its accept stands only once every such backup has the id (else a resend after a failover may
+    reach it again, as a consumer must expect of an accept it never saw confirmed); for those backups the dequeue
+    releases the place as before (`_accepted`)."""
 
     __slots__ = ("accepted", "accepts", "fresh", "gone", "held_bytes", "held_positions", "held_tokens",
                  "last_windowed", "primary", "queue", "returned", "scheduled", "senders", "taken", "windowed")
@@ -154,10 +155,11 @@ class QueueWatch:
             self.primary.changed.append(self)
 
     def hold_accept(self, token: AcceptToken) -> None:
-        """A consumer's accept of a message this pass dequeued (the last one dequeued; a commit's: the last of its
-        dequeues here): answered once the backups have the dequeue."""
+        """A consumer's accept of a message this pass dequeued (the one dequeued last: broker.links dequeues, then
+        asks), or a commit's (whose dequeues here may be followed by others, a ring queue pushing out a message its
+        dead letter went to: not `accepted`): answered once the backups have the dequeue."""
         self.accepts.append(token)
-        if self.last_windowed:
+        if self.last_windowed and type(token) is AcceptCompletion:
             self.accepted.append(self.last_windowed)
             self.last_windowed = 0
         if not self.scheduled:

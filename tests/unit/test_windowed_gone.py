@@ -13,6 +13,7 @@ from typing import Any
 from proton import Message
 
 from broker.dedup import key
+from broker.links import AcceptCompletion
 from broker.options import QueueOptions
 from broker.queue import WINDOWED, DequeueReason, Entry, Queue
 from broker.store.store import Store
@@ -331,13 +332,30 @@ def test_a_consumer_waiting_for_its_accept_lets_the_message_go_once_the_backup_w
     s.inflight_bytes = s.flow_bytes + 1
     unsent, t3 = p.publish("m-3")
     p.end_of_pass()
+    consumer = SimpleNamespace(server=SimpleNamespace(accepts_to_settle=[]))
     for e, held in ((sent, True), (presettled, False), (unsent, True)):
         p.q.dequeue(e, DequeueReason.ACCEPTED)
         if held:  # (what the consumer link does for an accept in mode second)
-            p.watch.hold_accept(Token())  # type: ignore[arg-type]
+            p.watch.hold_accept(AcceptCompletion(consumer, None))  # type: ignore[arg-type]
     s.flow_bytes = 16 << 20
     records = p.end_of_pass()
     assert (t1.released, t2.released, t3.released) == (1, 0, 0)
     assert Gone("G", 3, b"Sm-3") in records
     p.ack(3)
     assert (t2.released, t3.released) == (1, 1)
+
+
+def test_a_commit_lets_nothing_go_early() -> None:
+    """A commit's dequeues on a queue may be followed by others before it asks to be answered (its dead letter
+    pushing a message out of a ring queue): its answer does not name the message, so nothing is let go early."""
+    p = Primary(_queue())
+    p.attach(dequeue_acks=True)
+    (taken, t1), (pushed, t2) = p.publish("m-1"), p.publish("m-2")
+    p.end_of_pass()
+    p.q.dequeue(taken, DequeueReason.ACCEPTED)  # the commit's accept
+    p.q.dequeue(pushed, DequeueReason.RING)  # pushed out by its dead letter
+    p.watch.hold_accept(Token())  # type: ignore[arg-type]  # (a commit's Completion)
+    p.end_of_pass()
+    assert (t1.released, t2.released) == (0, 0)
+    p.ack(2)
+    assert (t1.released, t2.released) == (1, 1)
