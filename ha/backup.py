@@ -79,6 +79,9 @@ class Backup:
         self.pending_acks: dict[str, PositionSet] = {}  # queue -> positions applied, not yet acknowledged
         self.dequeue_acks = False  # the primary reads version-2 acknowledgements: dequeues are acknowledged too
         self.pending_dequeues: dict[str, PositionSet] = {}  # queue -> dequeue ranges applied, not yet acknowledged
+        # queue -> the replicator whose positions those are: acknowledgements go by queue name, and a browser of
+        # a queue declared again (or attached again) must not be given the ones of the link before it (`_owned`)
+        self.ack_owners: dict[str, QueueReplicator | None] = {}
         self.disk_reports = False  # the primary reads disk reports on the acknowledgement link (P.DISK_LOW)
         self.reported_low_disk: str | None = None  # what the last disk report said (None: not low)
         # Version-3 transaction parts held until their unit is whole, and what waits behind them (ha.core.txnparts)
@@ -207,6 +210,7 @@ class Backup:
         self.pending.clear()
         self.pending_acks.clear()
         self.pending_dequeues.clear()
+        self.ack_owners.clear()
         units, batches = self.txn_parts.clear()
         if units:
             # Nothing of them was applied or acknowledged: the primary's clients never saw those commits settle.
@@ -380,10 +384,11 @@ class Backup:
             return
         acks, self.pending_acks = self.pending_acks, {}
         dequeues, self.pending_dequeues = self.pending_dequeues, {}
+        owners, self.ack_owners = self.ack_owners, {}
         if store is None:
-            self._send_acks(link, acks, dequeues)
+            self._send_acks(link, acks, dequeues, owners)
         else:
-            store.when_synced(lambda: self._send_acks(link, acks, dequeues))
+            store.when_synced(lambda: self._send_acks(link, acks, dequeues, owners))
 
     def _report_disk(self, link: Any, low: str | None) -> None:
         """Tell the primary this broker's journal disk went under its --min-disk-free (it then refuses durable
@@ -392,12 +397,21 @@ class Backup:
             raw.send_settled(link._impl, next(_tags), Message(properties={P.DISK_LOW: low or ""}).encode())
             self.reported_low_disk = low
 
-    def _send_acks(self, link: Any, acks: dict[str, PositionSet], dequeues: dict[str, PositionSet]) -> None:
+    def _send_acks(self, link: Any, acks: dict[str, PositionSet], dequeues: dict[str, PositionSet],
+                   owners: dict[str, QueueReplicator | None]) -> None:
         if link is not self.ack_link or not self.connected:
             return  # that connection is gone: the next one starts from what this broker holds
+        if any(self.replicators.get(name) is not r for name, r in owners.items()):
+            # A queue's link was replaced while these waited for the journal (the queue deleted and declared again:
+            # the primary numbers from 1 again): not for the new browser. What the backup holds it said at attach.
+            acks = {n: ps for n, ps in acks.items() if self.replicators.get(n) is owners.get(n)}
+            dequeues = {n: ps for n, ps in dequeues.items() if self.replicators.get(n) is owners.get(n)}
+            if not acks and not dequeues:
+                return
         if link.credit <= 0:  # wait for credit: merge back
             for mine, theirs in ((self.pending_acks, acks), (self.pending_dequeues, dequeues)):
                 for name, positions in theirs.items():
+                    self._owned(name)
                     have = mine.get(name)
                     mine[name] = positions if have is None else positions.union(have)
             return
@@ -620,14 +634,26 @@ class Backup:
         self._pending_acks(queue).add_range(first, last)
 
     def _pending_acks(self, queue: str) -> PositionSet:
+        self._owned(queue)
         ps = self.pending_acks.get(queue)
         if ps is None:
             ps = self.pending_acks[queue] = PositionSet()
         return ps
 
+    def _owned(self, queue: str) -> None:
+        """Pending acknowledgements of `queue` are its current replicator's: an older one's are dropped."""
+        owner = self.replicators.get(queue)
+        if queue not in self.ack_owners:
+            self.ack_owners[queue] = owner
+        elif self.ack_owners[queue] is not owner:
+            self.pending_acks.pop(queue, None)
+            self.pending_dequeues.pop(queue, None)
+            self.ack_owners[queue] = owner
+
     def dequeue_applied(self, queue: str, lo: int, hi: int) -> None:
         """A batch's dequeue range lo..hi was applied: acknowledged with the next batch (version-2 primaries)."""
         if self.dequeue_acks:
+            self._owned(queue)
             ps = self.pending_dequeues.get(queue)
             if ps is None:
                 ps = self.pending_dequeues[queue] = PositionSet()
