@@ -278,6 +278,10 @@ class Backup:
             link.source.address = address
         if properties:
             link.properties = properties
+        if self.conn is not None:
+            # Encode what is already queued first: proton writes a turn's attaches before its transfers, and the
+            # primary must not read acknowledgements of a queue's old link after the attach of its new one.
+            self.conn.pending_output()
         link.open()
         link.flow(credit)
         return link

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from proton import Connection, Message, Transport
 
 from ha import backup as backup_module
 from ha.backup import Backup
@@ -68,3 +69,67 @@ def test_acknowledgements_of_the_same_link_go_out(sent: list[bytes]) -> None:
     b.end_of_pass()
     syncs.pop()()
     assert [parse_acks(d) for d in sent] == [({"q": [(1, 2)]}, {"q": [(1, 1)]})]
+
+
+def _wired() -> tuple[Transport, Any, Any]:
+    """A connection with an open session and a sender the peer gave credit (in memory, no socket)."""
+    c, t = Connection(), Transport()
+    t.bind(c)
+    peer_c, peer_t = Connection(), Transport(Transport.SERVER)
+    peer_t.bind(peer_c)
+    c.open()
+    session = c.session()
+    session.open()
+    acks = session.sender("acks")
+    acks.open()
+
+    def pump() -> None:
+        for _ in range(10):
+            for a, b in ((t, peer_t), (peer_t, t)):
+                out = a.peek(1 << 20) or b""
+                if out:
+                    b.push(out)
+                    a.pop(len(out))
+
+    pump()
+    peer_c.open()
+    peer_c.session_head(0).open()
+    link = peer_c.link_head(0)
+    link.open()
+    link.flow(10)
+    pump()
+    return t, session, acks
+
+
+def _first(t: Transport) -> str:
+    out = t.peek(1 << 20) or b""
+    attach, transfer = out.find(b"\x00\x53\x12"), out.find(b"\x00\x53\x14")
+    assert attach >= 0 and transfer >= 0
+    return "attach" if attach < transfer else "transfer"
+
+
+def _queue_an_ack(acks: Any) -> None:
+    d = acks.delivery(b"1")
+    acks.send(Message(body="acks").encode())
+    acks.advance()
+    d.settle()
+
+
+def test_proton_writes_a_turns_attaches_before_its_transfers() -> None:
+    """Why the backup encodes its output before it attaches a replication link (`Backup.receiver`)."""
+    t, session, acks = _wired()
+    _queue_an_ack(acks)
+    session.receiver("ha-q-new").open()
+    assert _first(t) == "attach"
+
+
+def test_a_new_replication_link_is_attached_after_the_acknowledgements_queued_before_it() -> None:
+    """The old link's acknowledgements went out (sync done) in the turn that attaches the queue's new link: the
+    primary must read them before the attach, while no browser of that name takes them."""
+    t, session, acks = _wired()
+    b: Any = object.__new__(Backup)
+    b.session = session
+    b.conn = SimpleNamespace(pending_output=t.pending)
+    _queue_an_ack(acks)
+    b.receiver("$ha.queue:q", "ha-q-q", credit=10)
+    assert _first(t) == "transfer"
