@@ -405,11 +405,12 @@ class Backup:
                    owners: dict[str, QueueReplicator | None]) -> None:
         if link is not self.ack_link or not self.connected:
             return  # that connection is gone: the next one starts from what this broker holds
-        if any(self.replicators.get(name) is not r for name, r in owners.items()):
+        stale = {name for name, r in owners.items() if self.replicators.get(name) is not r}
+        if stale:
             # A queue's link was replaced while these waited for the journal (the queue deleted and declared again:
             # the primary numbers from 1 again): not for the new browser. What the backup holds it said at attach.
-            acks = {n: ps for n, ps in acks.items() if self.replicators.get(n) is owners.get(n)}
-            dequeues = {n: ps for n, ps in dequeues.items() if self.replicators.get(n) is owners.get(n)}
+            acks = {n: ps for n, ps in acks.items() if n not in stale}
+            dequeues = {n: ps for n, ps in dequeues.items() if n not in stale}
             if not acks and not dequeues:
                 return
         if link.credit <= 0:  # wait for credit: merge back
