@@ -345,7 +345,8 @@ _EVENTS: tuple[Event, ...] = (
           also=(_DEBUG,)),
     Event("transaction.commit_failed", _WARN, _B, "a commit could not be applied whole (a queue gone or full, the "
           "journal or --max-memory refusing): nothing of it was applied, it was rolled back and the client's "
-          "discharge rejected with `amqp:transaction:rollback`",
+          "discharge rejected with `amqp:transaction:rollback`; or its journal write failed (the journal's first "
+          "failure, in the commit's pass): what it applied was undone before anyone saw it, the same way",
           (U("connection"), U("condition", "why a message could not be taken"), U("description"))),
     # ----- durable store and memory ---------------------------------------------------------------------------
     Event("journal.recovered", _INFO, _S, "the journal under `--data-dir` was read at start; the broker listens "

@@ -25,7 +25,7 @@ import heapq
 import itertools
 import time
 import uuid as uuidlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Iterator
 from enum import Enum
@@ -175,6 +175,8 @@ class QueueObserver(Protocol):
     def released(self, queue: Queue, entry: Entry) -> None: ...
     def recounted(self, queue: Queue, entry: Entry) -> None: ...  # its delivery count went up (a failed delivery)
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None: ...
+    # its dequeue was undone in the pass that made it, acquired again (`Queue.reinstate`)
+    def reinstated(self, queue: Queue, entry: Entry) -> None: ...
 
 
 class Pager(Protocol):
@@ -530,6 +532,43 @@ class Queue:
         entry.flags |= EXTRA
         self._extra.add(entry)
         heapq.heappush(self._back[entry.level], (position, entry))
+
+    def reinstate(self, entry: Entry, data: bytes) -> bool:
+        """Undo the dequeue of an acquired message, in the pass that made it (a transaction's commit whose journal
+        write failed, broker.transactions): `entry` is back at its place, acquired, with its `data` as it was, for
+        the caller to release; the observers are told `reinstated` (the dequeue they saw is void). False if its
+        position is taken again meanwhile, or the queue deleted."""
+        position = entry.position
+        if entry.state != DEAD or position in self.entries or self.deleted:
+            return False
+        entry.data, entry.state = data, ACQUIRED
+        self.entries[position] = entry
+        if entry.flags & EXTRA:  # (the dequeue took it out of the extra list)
+            assert self._extra is not None
+            self._extra.add(entry)
+        else:
+            spine, head = self._spine, self._head
+            i = bisect_left(spine, position, head, len(spine), key=_position)
+            if i == len(spine) or spine[i] is not entry:  # the dequeue trimmed it off the front: back there
+                if head == 0:
+                    room = max(1024, len(spine))
+                    spine[0:0] = [None] * room
+                    head = room
+                head -= 1
+                spine[head] = entry
+                self._head = head
+        if entry.expires is not None:
+            self._expiring += 1
+        self.bytes += len(data)
+        self.stats.dequeued -= 1
+        key = entry.key
+        if key is not None and self.options.lvq_key is not None:
+            cur = self._lvq.get(key)
+            if cur is None or cur.position < position:
+                self._lvq[key] = entry
+        for o in self.observers:
+            o.reinstated(self, entry)
+        return True
 
     def _park(self, entry: Entry) -> None:
         """Above paged messages: kept aside (not available) until the end of the pass pages it out."""

@@ -223,17 +223,20 @@ class Router:
             log.debug("queue.duplicate", queue=q.name, message_id=mid[1:].decode("utf-8", "replace") if mid[:1] == b"S"
                       else mid.hex(), count=q.stats.duplicates)
 
-    def dead_letter(self, q: Queue, data: bytes) -> None:
-        """A message `q`'s consumer rejected goes to the queue's alternate exchange, if it has one."""
+    def dead_letter(self, q: Queue, data: bytes) -> list[tuple[Queue, Entry]]:
+        """A message `q`'s consumer rejected goes to the queue's alternate exchange, if it has one. Returns the
+        copies, where they went."""
         alt = q.options.alternate_exchange
         if alt is None or alt not in self.wiring.exchanges or not data:
-            return
+            return []
         meta = decode(data, trusted=True)
+        copies = []
         for target in self.route_exchange(alt, current_subject()):
             if target is not q and target.has_room(len(data)):
-                target.enqueue(data, meta.priority, meta.expires, meta.durable)
+                copies.append((target, target.enqueue(data, meta.priority, meta.expires, meta.durable)))
                 if target in self.consumers:
                     self.server.dirty.add(target)
+        return copies
 
     def dispatch(self, q: Queue) -> None:
         consumers = self.consumers.get(q)

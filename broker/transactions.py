@@ -44,7 +44,7 @@ from broker.errors import JournalRefusal, MemoryRefusal, MessageRefused, NoRoute
 from broker.links import Completion, ConsumerLink, PublisherLink
 from broker.log import get_logger
 from broker.message import current_key, current_subject, current_to, decode
-from broker.queue import ACQUIRED, DequeueReason, Entry, Queue
+from broker.queue import ACQUIRED, AVAILABLE, DequeueReason, Entry, Queue
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -216,8 +216,9 @@ class Transactions:
             coordinator.settle(d)
             self.server.wake(coordinator)
             return
+        c = Completion(coordinator, d)
         try:
-            routed, dequeued, windowed = self.commit(txn)
+            routed, dequeued, windowed = self.commit(txn, c)
         except MessageRefused as e:
             self.rollback(txn, "commit_failed")
             log.warning("transaction.commit_failed", connection=txn.conn.id, condition=e.condition,
@@ -227,7 +228,6 @@ class Transactions:
         touched = list(dict.fromkeys([*(q for q, _ in routed), *dequeued]))
         for ext in self.server.extensions:
             ext.committed(touched)
-        c = Completion(coordinator, d)
         if routed or windowed:  # (a retry whose messages the windows all dropped: a recovering primary holds it)
             self.server.router.hold_groups_of(q for q, _ in routed)  # this pass's earlier deliveries first
             for ext in self.server.extensions:
@@ -241,10 +241,12 @@ class Transactions:
             self.server.router.follow(c, went, dropped)
         c.release()
 
-    def commit(self, txn: Transaction) -> tuple[list[tuple[Queue, Entry]], list[Queue], list[tuple[Any, Any]]]:
+    def commit(self, txn: Transaction, answer: Completion | None = None
+               ) -> tuple[list[tuple[Queue, Entry]], list[Queue], list[tuple[Any, Any]]]:
         """Apply the transaction whole (raises MessageRefused, having applied nothing). Returns where its messages
         were enqueued, the queues whose messages its accepts and rejects dequeued, and for each windowed message
-        where it went and what its windows dropped (`Router.follow`)."""
+        where it went and what its windows dropped (`Router.follow`). Should the journal fail to write it, it is
+        undone at the end of the pass and `answer` (the discharge) refused (`_undo`)."""
         self._check(txn)
         self._end(txn)
         store = self.server.store
@@ -259,28 +261,62 @@ class Transactions:
             if dropped is not None:
                 windowed.append((went, dropped))
         dequeued: dict[Queue, None] = {}  # in order, once each
+        gone: list[tuple[Queue, Entry, bytes]] = []
+        copies: list[tuple[Queue, Entry]] = []
         for t in txn.taken:
             q, e = t.queue, t.entry
             if q.entries.get(e.position) is not e or e.state != ACQUIRED:
                 continue  # the queue was purged or deleted meanwhile
             dequeued[q] = None
+            data = e.data
+            gone.append((q, e, data))
             if t.outcome == ACCEPTED:
                 q.dequeue(e, DequeueReason.ACCEPTED)
             else:
-                data = e.data
                 q.dequeue(e, DequeueReason.REJECTED)
-                self.server.dead_letter(q, data)
+                copies += self.server.dead_letter(q, data)
         if store is not None:
-            store.end_unit()
+            store.end_unit(lambda why: self._undo(txn, answer, routed, copies, gone, why))
         self.committed += 1
         log.debug("transaction.committed", connection=txn.conn.id, messages=len(txn.messages), count=len(txn.taken))
         return routed, list(dequeued), windowed
 
+    def _undo(self, txn: Transaction, answer: Completion | None, routed: list[tuple[Queue, Entry]],
+              copies: list[tuple[Queue, Entry]], gone: list[tuple[Queue, Entry, bytes]], why: str) -> None:
+        """The pass's journal write failed, and with it the commit's unit (broker.store calls this before anything
+        waiting for that write is answered, and before the backups are sent the pass's changes): the commit is
+        refused whole in memory too, as on disk. Its messages and its rejects' dead letters are taken off their
+        queues (as the store takes back refused deliveries: one a consumer took in this pass stays with it); what
+        its accepts and rejects dequeued is back at its place, released as a roll back releases it; the discharge
+        is refused. (Applied in memory, the accepts stood while the consumer was told the commit had failed: the
+        messages were gone until a restart brought them back, and gone for good from a backup promoted next.)"""
+        store = self.server.store
+        assert store is not None
+        store.take_back([routed], [])  # (their ids leave the duplicate windows they entered)
+        for q, e in copies:  # (dead letters entered none)
+            if e.state == AVAILABLE and q.entries.get(e.position) is e:
+                q.dequeue(e, DequeueReason.REFUSED)
+        released = 0
+        for q, e, data in gone:
+            if not q.reinstate(e, data):
+                continue
+            if not dead_letter_if_over(self.server, q, e):
+                q.release(e, delivery_failed=True, redelivered=True)
+            self.server.wake_queue(q)
+            released += 1
+        if answer is not None and answer.error is None:
+            answer.error = (ROLLBACK, f"the transaction was rolled back: {why}")
+        self.committed -= 1
+        self.rolled_back += 1
+        log.info("transaction.rolled_back", connection=txn.conn.id, reason="commit_failed",
+                 messages=len(txn.messages), count=released)
+        log.warning("transaction.commit_failed", connection=txn.conn.id, condition="amqp:resource-limit-exceeded",
+                    description=why)
+
     def _check(self, txn: Transaction) -> None:
         """Raise MessageRefused unless every held message can be enqueued now (room counted for all of them), and
         its accepts journaled: while the journal cannot write, one that dequeues a journaled message is rolled back
-        before anything of it is applied (were its commit's write to fail, its accepts would stand in memory,
-        not on disk, and its consumer be told it failed)."""
+        before anything of it is applied (its write would fail, and `_undo` have to take it all back)."""
         store = self.server.store
         if store is not None and store.failed is not None and any(t.entry.seg for t in txn.taken):
             raise JournalRefusal(f"not taken: {store.failed}")

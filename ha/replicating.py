@@ -183,6 +183,15 @@ class QueueWatch:
     def recounted(self, queue: Queue, entry: Entry) -> None:
         pass  # the release that came with it carries the count to the backups
 
+    def reinstated(self, queue: Queue, entry: Entry) -> None:
+        """Its dequeue in this pass is void (a commit whose journal write failed, `Queue.reinstate`): called before
+        this pass's `flush`, so the backups are never sent it and its guards stay; they keep the message acquired
+        until the release that follows."""
+        pos = entry.position
+        self.gone.discard(pos)
+        if self.windowed.pop(pos, None) is not None and self.last_windowed == pos:
+            self.last_windowed = 0
+
     def released(self, queue: Queue, entry: Entry) -> None:
         if self.senders:
             self.returned.append((len(self.taken), entry.position, entry.flags & REDELIVERED, entry.count))

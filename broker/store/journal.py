@@ -393,10 +393,14 @@ class Journal:
             self.append(b"")  # the place (and the bytes: offsets of what follows stay right) of the UNIT record
             self.pending_bytes += R.UNIT_SIZE
 
-    def end_unit(self) -> None:
-        """The open unit ends here: what the pass appends after it is not part of it."""
+    def end_unit(self) -> bool:
+        """The open unit ends here: what the pass appends after it is not part of it. True if it holds records."""
         if self.units and self.units[-1][1] is None:
+            at, _ = self.units[-1]
+            assert at is not None
             self.units[-1][1] = len(self.pending)
+            return len(self.pending) > at + 1
+        return False
 
     def commit(self) -> int | None:
         """Write what this pass appended; returns the ticket to wait for (None: nothing to write). Raises

@@ -366,7 +366,7 @@ class Store(Extension):
         self.next_qid = 1
         self.waiting: list[Completion] = []  # durable deliveries of this pass
         # ... and where they were enqueued (`hold`: each delivery's routes; `hold_group`: a queue and its entries),
-        # taken off their queues again if the pass's write fails (`_take_back`)
+        # taken off their queues again if the pass's write fails (`take_back`)
         self.held_routes: list[list[tuple[Queue, Entry]]] = []
         self.held_groups: list[tuple[Queue, list[Entry]]] = []
         # Still queued, though the write of their records failed and nobody was refused for them (a backup's
@@ -375,6 +375,7 @@ class Store(Extension):
         # `when_synced` callbacks while the journal has failed: run once the probe's write is on disk
         self.held_after: list[Callable[[], None]] = []
         self.after: list[Callable[[], None]] = []  # callbacks for when this pass's records are on disk
+        self.undos: list[Callable[[str], None]] = []  # this pass's commits (units), undone if its write fails
         self.tickets: deque[tuple[int, list[Completion], list[Callable[[], None]]]] = deque()
         self.dequeues: dict[int, list[int]] = {}  # qid -> positions dequeued this pass (written at its end)
         self.dequeued_top: dict[int, int] = {}  # qid -> the highest of them
@@ -658,6 +659,19 @@ class Store(Extension):
         if entry.state == PAGED:  # dequeued while on disk only
             _count(st.paged, seg, -1)
 
+    def reinstated(self, queue: Queue, entry: Entry) -> None:
+        """Its dequeue, in a unit whose write failed, is void: its record on disk counts as live again. One whose
+        record was in that write too is written again once the journal can write (unless taken back meanwhile:
+        its publisher was refused)."""
+        st = self.queues.get(queue)
+        if st is None:
+            return
+        if entry.seg:  # (as `dequeued` counted it off)
+            seg = entry.seg >> 32
+            st.live[seg] = st.live.get(seg, 0) + 1
+        elif entry.flags & DURABLE:
+            self.unwritten.append((queue, entry))
+
     # ----- completions ---------------------------------------------------------------------------------------------
     def hold(self, completion: Completion, routed: list[tuple[Queue, Entry]]) -> bool:
         for _, e in routed:
@@ -743,11 +757,14 @@ class Store(Extension):
         self._flush_dequeues()
         self.journal.begin_unit()
 
-    def end_unit(self) -> None:
+    def end_unit(self, undo: Callable[[str], None]) -> None:
         """The commit is applied: its dequeues into the unit, and what the pass journals after it goes after it
-        (carried like any other if the write fails)."""
+        (carried like any other if the write fails). If the unit holds records and the pass's write fails, `undo`
+        is called with the reason, before anything waiting for the write is answered or replicated: the commit
+        fails whole in memory as on disk."""
         self._flush_dequeues()
-        self.journal.end_unit()
+        if self.journal.end_unit():
+            self.undos.append(undo)
 
     def _write_dequeues(self, qid: int, positions: list[int]) -> None:
         """Journal dequeues of one queue as ranges."""
@@ -785,6 +802,7 @@ class Store(Extension):
         rejournaled, self.rejournaled = self.rejournaled, []
         routes, groups = self.held_routes, self.held_groups
         self.held_routes, self.held_groups = [], []
+        undos, self.undos = self.undos, []
         if not waiting and not after and not self.journal.pending:
             return False
         self.waiting, self.after = [], []
@@ -793,8 +811,10 @@ class Store(Extension):
         except BrokerError as e:  # JournalFull / SegmentFull / JournalError: nothing of it is on disk
             kept = self._unjournal(journaled)
             self._unmove(rejournaled)
+            for undo in reversed(undos):  # the last commit first: it may have taken what an earlier one put there
+                undo(str(e))
             self._fail(str(e), waiting)
-            self._take_back(routes, groups)
+            self.take_back(routes, groups)
             self.unwritten += [(q, m) for q, m in kept if q.entries.get(m.position) is m and not m.flags & PARKED]
             self.held_after += after  # not on disk: they wait for the write that finds the journal writable
             return False
@@ -841,7 +861,7 @@ class Store(Extension):
         return kept
 
     @staticmethod
-    def _take_back(routes: list[list[tuple[Queue, Entry]]], groups: list[tuple[Queue, list[Entry]]]) -> None:
+    def take_back(routes: list[list[tuple[Queue, Entry]]], groups: list[tuple[Queue, list[Entry]]]) -> None:
         """The write of the refused deliveries failed: their publishers are told they were not taken, so they are
         taken off every queue they were put on (a resend must not make them twice), unless a consumer took one in
         this same pass (it is out: it stays with that consumer); and a queue's duplicate window forgets their ids,

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from proton import Delivery, Message
@@ -593,6 +594,77 @@ def test_a_transaction_whose_commit_cannot_be_journaled_leaves_nothing_on_its_qu
     assert drain(b.url, "orders", browse=True) == ["before"]
     assert receive(b.url, "orders", 1) == ["before"]
     assert drain(b.url, "orders") == []
+
+
+def _consume_and_overflow(url: str, queue: str) -> Any:
+    """Take the one message of `queue` and accept it in a transaction that also sends 4 MiB of durable messages to
+    the queue "overflow" (more than the disk has left): the commit is the journal's first write to fail. Returns
+    the failed Txn. (Not to `queue` itself: its consumer, with credit again, would take one of them in the pass of
+    the commit, before the write failed, and keep it: docs/durability.md.)"""
+    from tests.support.txn import Txn
+
+    conn = connect(url, timeout=30)
+    try:
+        receiver = conn.create_receiver(queue, credit=1)
+        assert receiver.receive(timeout=10).body == "keep"
+        sender = conn.create_sender("overflow")
+        txn = Txn(conn)
+        txn.accept(receiver)
+        for i in range(4):
+            txn.send(sender, Message(body=f"{i}-{'t' * (1 << 20)}", durable=True))
+        assert txn.commit() == "failed"
+        return txn
+    finally:
+        conn.close()
+
+
+def test_a_commit_whose_write_fails_gives_back_the_message_it_accepted(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """The journal's first failure falls on a commit's own write (the disk fills up with it): the client is told
+    the transaction was rolled back, so the message it accepted must be there for it again, and stay there exactly
+    once after a restart. (The accept stood in memory: the message was gone until a restart brought it back.)"""
+    b, ballast = broker_on_a_small_disk(brokers, small_disk)
+    durable_queue(b, "orders")
+    durable_queue(b, "overflow")
+    send(b.url, "orders", ["keep"], durable=True)
+    txn = _consume_and_overflow(b.url, "orders")
+    assert txn.condition.name == "amqp:transaction:rollback" and "disk full" in txn.condition.description
+    assert drain(b.url, "orders", browse=True) == ["keep"]  # its accept undone
+    assert drain(b.url, "overflow", browse=True) == []  # and none of its messages kept
+    conn = connect(b.url)
+    try:
+        m = conn.create_receiver("orders", credit=1).receive(timeout=10)
+        assert (m.body, m.first_acquirer) == ("keep", False) and m.delivery_count >= 1  # released as by a roll back
+    finally:
+        conn.close()  # not accepted: back again
+    ballast.unlink()
+    wait_for(lambda: any(e["event"] == "journal.writable" for e in b.events()), 10, what="journal.writable")
+    restart_after_kill(b)
+    assert drain(b.url, "orders") == ["keep"] and drain(b.url, "overflow") == []
+
+
+def test_a_commit_whose_write_fails_on_the_primary_leaves_the_message_on_its_backup(
+    brokers: BrokerFactory, small_disk: Path
+) -> None:
+    """The same on a primary: the backup, which had the message acquired, is never sent the dequeue, so the message
+    survives a failover (it was gone from the backup for good)."""
+    c = Cluster(brokers, 2, [])
+    c[0].data_dir = small_disk / "data"  # the primary's journal on an 8 MiB tmpfs
+    (small_disk / "ballast").write_bytes(b"\0" * (5 * 1024 * 1024))
+    c.start_with_primary(0)
+    durable_queue(c[0], "orders")
+    durable_queue(c[0], "overflow")
+    send(c[0].url, "orders", ["keep"], durable=True)
+    txn = _consume_and_overflow(c[0].url, "orders")
+    assert txn.condition.name == "amqp:transaction:rollback"
+    assert c.queue_bodies(0, "orders") == ["keep"]
+    wait_for(lambda: c.queue_bodies(1, "orders") == ["keep"], 10, what="the backup still holding it")
+    assert c.queue_bodies(1, "overflow") == []
+    c[0].kill()
+    c.promote(1)
+    c.wait_state(1, "active")
+    assert drain(c[1].url, "orders") == ["keep"] and drain(c[1].url, "overflow") == []
 
 
 def test_a_transaction_that_consumes_while_the_journal_cannot_write_is_rolled_back_and_its_message_kept(

@@ -15,10 +15,10 @@ from proton import Message
 from broker.dedup import key
 from broker.links import AcceptCompletion
 from broker.options import QueueOptions
-from broker.queue import WINDOWED, DequeueReason, Entry, Queue
+from broker.queue import REDELIVERED, WINDOWED, DequeueReason, Entry, Queue
 from broker.store.store import Store
 from ha import protocol as P
-from ha.core.batch import Gone, Window, parse
+from ha.core.batch import Acquired, Gone, Released, Window, parse
 from ha.core.catchup import BackupCatchup
 from ha.core.guards import GuardBook
 from ha.core.idset import PositionSet
@@ -155,7 +155,7 @@ def test_a_message_whose_write_failed_is_released_at_once_and_its_id_never_sent(
     p = Primary(_queue())
     p.attach()
     e, t = p.publish("m-1")
-    Store._take_back([[(p.q, e)]], [])
+    Store.take_back([[(p.q, e)]], [])
     assert p.q.dedup is not None and not p.q.dedup.seen(b"Sm-1", time.time())
     records = p.end_of_pass()
     assert t.released == 1 and not any(type(r) is Gone for r in records)
@@ -359,3 +359,27 @@ def test_a_commit_lets_nothing_go_early() -> None:
     assert (t1.released, t2.released) == (0, 0)
     p.ack(2)
     assert (t1.released, t2.released) == (1, 1)
+
+
+def test_a_dequeue_undone_in_its_pass_is_never_sent_to_the_backup() -> None:
+    """A commit whose journal write failed is undone before the pass's batches go out (broker.transactions): the
+    backup, which has the message acquired, is sent its release and no dequeue (nor a "G" record), and the message
+    is not released from the guards until a later dequeue is acknowledged."""
+    p = Primary(_queue())
+    p.attach()
+    e, t = p.publish("m-1")
+    p.end_of_pass()
+    p.ack(1)
+    assert t.released == 1
+    assert p.q.acquire_next() is e
+    assert Acquired("A", 1, 1) in p.end_of_pass()
+    data = e.data
+    p.q.dequeue(e, DequeueReason.ACCEPTED)  # the commit
+    assert p.q.reinstate(e, data)  # its write failed: undone, in the same pass
+    p.q.release(e, delivery_failed=True, redelivered=True)
+    records = p.end_of_pass()
+    assert Released("R", 1, REDELIVERED, 1) in records
+    assert not any(type(r) is Gone or (type(r) is tuple and len(r) == 2) for r in records), records
+    assert p.q.entries[1] is e and e.data == data
+    p.q.dequeue(p.q.acquire_next() or e, DequeueReason.ACCEPTED)  # consumed for good later: sent as usual
+    assert (1, 1) in p.end_of_pass()

@@ -1,0 +1,198 @@
+"""A transaction's commit whose journal write fails (the journal's first failure, in the commit's own pass) is
+undone in memory as it is on disk: its accepted and rejected messages are back on their queues (released as a roll
+back releases them), its messages and dead letters are taken off theirs, and its discharge is refused. Before, the
+accepts stood in memory while the client was told the commit had failed: the messages were gone until a restart
+brought them back (and gone for good from a backup, which was sent the dequeues). A real Server with its journal
+on disk, turned by hand; the write fails through the journal's own write call."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from proton import Message
+
+from broker.links import Completion
+from broker.options import QueueOptions
+from broker.queue import ACQUIRED, AVAILABLE, REDELIVERED, DequeueReason, Queue
+from broker.server import Server
+from broker.store import journal as J
+from broker.store import records as R
+from broker.store.store import read_journal
+from broker.transactions import ACCEPTED, REJECTED, Taken, Transaction
+from tests.support.store import close, commit, journaled
+
+
+def _txn(s: Server) -> Transaction:
+    coordinator = SimpleNamespace(conn=SimpleNamespace(id="c1"), txns={})
+    return s.transactions.declare(coordinator)  # type: ignore[arg-type]
+
+
+def _answer(s: Server) -> Completion:
+    """The discharge's answer, as `Transactions.discharge` makes it (its publisher: the coordinator link)."""
+    return Completion(SimpleNamespace(server=s), None)  # type: ignore[arg-type]
+
+
+def _fail_write(s: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """End the pass with a write that fails (EIO), as a full or broken disk fails it."""
+    assert s.store is not None
+    real = J._write_all
+
+    def eio(*_: object) -> None:
+        raise R.JournalError("journal: simulated EIO")
+
+    monkeypatch.setattr(J, "_write_all", eio)
+    s.store.end_of_pass()
+    monkeypatch.setattr(J, "_write_all", real)
+    assert s.store.failed is not None
+
+
+def _until_writable(s: Server) -> None:
+    assert s.store is not None
+    deadline = time.monotonic() + 5
+    while s.store.failed is not None and time.monotonic() < deadline:  # the probe, once a second
+        s.engine.run_once(0.05)
+    assert s.store.failed is None
+    commit(s)
+
+
+def _bodies(q: Queue) -> list[bytes]:
+    return [e.data for e in sorted(q.entries.values(), key=lambda e: e.position)]
+
+
+def test_a_commit_whose_write_fails_puts_back_what_it_accepted_and_takes_off_what_it_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = journaled(tmp_path)
+    assert s.store is not None
+    qin, _ = s.wiring.declare_queue("in", {"durable": True})
+    out, _ = s.wiring.declare_queue("out", {"durable": True})
+    w, x = qin.enqueue(b"W", durable=True), qin.enqueue(b"X", durable=True)
+    commit(s)
+    live = s.store.live(s.store.journal.segment)
+    assert qin.acquire_next() is w and qin.acquire_next() is x
+    txn = _txn(s)
+    txn.messages.append(("out", bytes(Message(body="Y", durable=True).encode())))
+    txn.messages.append(("out", bytes(Message(body="V").encode())))  # not durable: nothing of it on disk
+    txn.taken.append(Taken(None, qin, x, ACCEPTED))  # type: ignore[arg-type]
+    answer = _answer(s)
+    s.transactions.commit(txn, answer)
+    assert x.position not in qin.entries and out.depth == 2  # applied, in memory
+    _fail_write(s, monkeypatch)
+    back = qin.entries[x.position]
+    assert (back.data, back.state, back.count, bool(back.flags & REDELIVERED)) == (b"X", AVAILABLE, 1, True)
+    assert qin.entries[w.position] is w and w.state == ACQUIRED  # another consumer's, untouched
+    assert out.depth == 0 and out.bytes == 0  # none of its messages stays, the non-durable one neither
+    assert answer.error is not None and answer.error[0] == "amqp:transaction:rollback"
+    assert "simulated EIO" in answer.error[1]
+    assert (s.transactions.committed, s.transactions.rolled_back) == (0, 1)
+    assert qin.acquire_next() is back  # a consumer gets it again (before the later W is released)
+    assert s.store.live(s.store.journal.segment) >= live  # its record counts as live again
+    _until_writable(s)
+    close(s)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (qid,) = [q for q, d in image.queues.items() if d["name"] == "in"]
+    (oid,) = [q for q, d in image.queues.items() if d["name"] == "out"]
+    got = {e.data: e.count for e in image.messages[qid].values()}
+    assert got == {b"W": 0, b"X": 1} and not image.messages.get(oid)  # after a restart: as the client was told
+
+
+def test_a_rejected_message_comes_back_and_its_dead_letter_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = journaled(tmp_path)
+    s.wiring.declare_exchange("dlx", "fanout", {"durable": True})
+    dead, _ = s.wiring.declare_queue("dead", {"durable": True})
+    s.wiring.bind("dlx", "dead", "")
+    qin, _ = s.wiring.declare_queue("in", {"durable": True, "alternate-exchange": "dlx"})
+    x = qin.enqueue(bytes(Message(body="X", durable=True).encode()), durable=True)
+    commit(s)
+    assert qin.acquire_next() is x
+    txn = _txn(s)
+    txn.taken.append(Taken(None, qin, x, REJECTED))  # type: ignore[arg-type]
+    answer = _answer(s)
+    s.transactions.commit(txn, answer)
+    assert dead.depth == 1  # dead-lettered, in memory
+    _fail_write(s, monkeypatch)
+    assert dead.depth == 0 and qin.entries[x.position].count == 1
+    assert answer.error is not None and answer.error[0] == "amqp:transaction:rollback"
+    _until_writable(s)
+    close(s)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (did,) = [q for q, d in image.queues.items() if d["name"] == "dead"]
+    assert not image.messages.get(did)
+
+
+def test_a_commit_with_nothing_on_disk_stands_when_its_pass_write_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its unit was empty (a queue that is not durable): the failed write lost nothing of it, so it stands."""
+    s = journaled(tmp_path)
+    plain, _ = s.wiring.declare_queue("plain", {})
+    kept, _ = s.wiring.declare_queue("kept", {"durable": True})
+    x = plain.enqueue(b"X")
+    commit(s)
+    assert plain.acquire_next() is x
+    txn = _txn(s)
+    txn.taken.append(Taken(None, plain, x, ACCEPTED))  # type: ignore[arg-type]
+    answer = _answer(s)
+    s.transactions.commit(txn, answer)
+    kept.enqueue(b"K", durable=True)  # something else of the pass is journaled: its write fails
+    _fail_write(s, monkeypatch)
+    assert plain.depth == 0 and answer.error is None and s.transactions.committed == 1
+    _until_writable(s)
+    close(s)
+
+
+def test_the_last_commit_is_undone_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second commit of the pass accepted the message the first one sent: undone in reverse order, the message
+    is released by the second and then taken off its queue by the first, not left behind."""
+    s = journaled(tmp_path)
+    q, _ = s.wiring.declare_queue("q", {"durable": True})
+    commit(s)
+    first = _txn(s)
+    first.messages.append(("q", bytes(Message(body="M", durable=True).encode())))
+    a1 = _answer(s)
+    s.transactions.commit(first, a1)
+    m = q.acquire_next()
+    assert m is not None
+    second = _txn(s)
+    second.taken.append(Taken(None, q, m, ACCEPTED))  # type: ignore[arg-type]
+    a2 = _answer(s)
+    s.transactions.commit(second, a2)
+    _fail_write(s, monkeypatch)
+    assert q.depth == 0 and q.entries == {}
+    assert a1.error is not None and a2.error is not None
+    _until_writable(s)
+    close(s)
+
+
+@pytest.mark.parametrize("where", ["front", "middle", "extra"])
+def test_a_reinstated_message_is_back_at_its_place(where: str) -> None:
+    """Wherever the dequeue left it (trimmed off the front of the queue's order, dead in the middle, or out of the
+    extra list of out-of-order entries), released it is delivered in position order again."""
+    q = Queue("q", {}, QueueOptions())
+    if where == "extra":
+        for pos in (1, 3):
+            q.enqueue_replica(pos, f"m{pos}".encode(), 0, 0, 0, None)
+        q.enqueue_replica(2, b"m2", 0, 0, 0, None)  # below the back: the extra list
+        target = 2
+    else:
+        for _ in range(3):
+            q.enqueue(b"m")
+        target = 1 if where == "front" else 2
+    e = q.entries[target]
+    taken = [q.acquire_next() for _ in range(3)]
+    assert e in taken
+    data = e.data
+    q.dequeue(e, DequeueReason.ACCEPTED)
+    assert q.depth == 2 and q.reinstate(e, data) and q.depth == 3 and e.state == ACQUIRED
+    assert not q.reinstate(e, data)  # once
+    seen, cursor = [], 0
+    while (b := q.browse_after(cursor, include_acquired=True)) is not None:
+        seen.append(b.position)
+        cursor = b.position
+    assert seen == [1, 2, 3]  # a browser walks it in order
+    for t in taken:
+        q.release(t)
+    assert [x.position for x in iter(q.acquire_next, None)] == [1, 2, 3]
+    assert q.bytes == sum(len(x.data) for x in q.entries.values())
