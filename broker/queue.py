@@ -68,6 +68,17 @@ HELD = 16  # on a backup: a consumer of the primary holds it unsettled (count an
 WINDOWED = 32  # its message-id entered the queue's duplicate window when it was taken (broker.dedup)
 
 _EMPTY = b""
+
+# While a transaction's commit is applied (broker.transactions), the messages its enqueues push out of a ring queue
+# or replace on a last-value queue, with their data: its undo puts them back (`record_evictions`).
+_evictions: list[tuple[Queue, Entry, bytes]] | None = None
+
+
+def record_evictions(into: list[tuple[Queue, Entry, bytes]] | None) -> None:
+    """From now on (until called with None) note in `into` each message a queue's limit or last-value key pushes
+    out as another is enqueued (not the hot path: plain queues have neither)."""
+    global _evictions
+    _evictions = into
 _position = attrgetter("position")
 
 
@@ -408,6 +419,8 @@ class Queue:
         for o in self.observers:
             o.enqueued(self, entry)
         if lvq_old is not None:
+            if _evictions is not None:
+                _evictions.append((self, lvq_old, lvq_old.data))
             self.dequeue(lvq_old, DequeueReason.REPLACED)
         return entry
 
@@ -533,15 +546,16 @@ class Queue:
         self._extra.add(entry)
         heapq.heappush(self._back[entry.level], (position, entry))
 
-    def reinstate(self, entry: Entry, data: bytes) -> bool:
-        """Undo the dequeue of an acquired message, in the pass that made it (a transaction's commit whose journal
-        write failed, broker.transactions): `entry` is back at its place, acquired, with its `data` as it was, for
-        the caller to release; the observers are told `reinstated` (the dequeue they saw is void). False if its
-        position is taken again meanwhile, or the queue deleted."""
+    def reinstate(self, entry: Entry, data: bytes, acquired: bool = True) -> bool:
+        """Undo the dequeue of a message, in the pass that made it (a transaction's commit whose journal write
+        failed, broker.transactions): `entry` is back at its place with its `data` as it was, acquired (for the
+        caller to release) or available (one a limit or a last-value key pushed out); the observers are told
+        `reinstated` (the dequeue they saw is void). False if its position is taken again meanwhile, or the queue
+        deleted."""
         position = entry.position
         if entry.state != DEAD or position in self.entries or self.deleted:
             return False
-        entry.data, entry.state = data, ACQUIRED
+        entry.data, entry.state = data, ACQUIRED if acquired else AVAILABLE
         self.entries[position] = entry
         if entry.flags & EXTRA:  # (the dequeue took it out of the extra list)
             assert self._extra is not None
@@ -549,7 +563,11 @@ class Queue:
         else:
             spine, head = self._spine, self._head
             i = bisect_left(spine, position, head, len(spine), key=_position)
-            if i == len(spine) or spine[i] is not entry:  # the dequeue trimmed it off the front: back there
+            if i < len(spine) and spine[i] is entry:
+                pass  # still in its place (dead entries stay in the spine until trimmed off its front)
+            elif i > head:  # trimmed off the front, and another put back before it: in order, after that one
+                spine.insert(i, entry)
+            else:  # trimmed off the front: back there
                 if head == 0:
                     room = max(1024, len(spine))
                     spine[0:0] = [None] * room
@@ -557,6 +575,9 @@ class Queue:
                 head -= 1
                 spine[head] = entry
                 self._head = head
+        if not acquired:
+            self._available += 1
+            heapq.heappush(self._back[entry.level], (position, entry))
         if entry.expires is not None:
             self._expiring += 1
         self.bytes += len(data)
@@ -625,6 +646,8 @@ class Queue:
                 break
             if e.state == AVAILABLE:
                 self.stats.ring_evicted += 1
+                if _evictions is not None:
+                    _evictions.append((self, e, e.data))
                 self.dequeue(e, DequeueReason.RING)
         return not over()
 

@@ -44,7 +44,7 @@ from broker.errors import JournalRefusal, MemoryRefusal, MessageRefused, NoRoute
 from broker.links import Completion, ConsumerLink, PublisherLink
 from broker.log import get_logger
 from broker.message import current_key, current_subject, current_to, decode
-from broker.queue import ACQUIRED, AVAILABLE, DequeueReason, Entry, Queue
+from broker.queue import ACQUIRED, AVAILABLE, DequeueReason, Entry, Queue, record_evictions
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -244,7 +244,9 @@ class Transactions:
     def commit(self, txn: Transaction, answer: Completion | None = None
                ) -> tuple[list[tuple[Queue, Entry]], list[Queue], list[tuple[Any, Any]]]:
         """Apply the transaction whole (raises MessageRefused, having applied nothing). Returns where its messages
-        were enqueued, the queues whose messages its accepts and rejects dequeued, and for each windowed message
+        (and its rejects' dead letters: the discharge is answered once they are held as its messages are, and they
+        are part of its unit on the backups) were enqueued, the queues whose messages its accepts and rejects
+        dequeued, and for each windowed message
         where it went and what its windows dropped (`Router.follow`). Should the journal fail to write it, it is
         undone at the end of the pass and `answer` (the discharge) refused (`_undo`)."""
         self._check(txn)
@@ -255,40 +257,46 @@ class Transactions:
         router = self.server.router
         routed: list[tuple[Queue, Entry]] = []
         windowed: list[tuple[Any, Any]] = []
-        for address, data in txn.messages:
-            went, dropped = router.enqueue_committed(address, data)
-            routed += went
-            if dropped is not None:
-                windowed.append((went, dropped))
         dequeued: dict[Queue, None] = {}  # in order, once each
         gone: list[tuple[Queue, Entry, bytes]] = []
         copies: list[tuple[Queue, Entry]] = []
-        for t in txn.taken:
-            q, e = t.queue, t.entry
-            if q.entries.get(e.position) is not e or e.state != ACQUIRED:
-                continue  # the queue was purged or deleted meanwhile
-            dequeued[q] = None
-            data = e.data
-            gone.append((q, e, data))
-            if t.outcome == ACCEPTED:
-                q.dequeue(e, DequeueReason.ACCEPTED)
-            else:
-                q.dequeue(e, DequeueReason.REJECTED)
-                copies += self.server.dead_letter(q, data)
+        evicted: list[tuple[Queue, Entry, bytes]] = []
+        record_evictions(evicted)
+        try:
+            for address, data in txn.messages:
+                went, dropped = router.enqueue_committed(address, data)
+                routed += went
+                if dropped is not None:
+                    windowed.append((went, dropped))
+            for t in txn.taken:
+                q, e = t.queue, t.entry
+                if q.entries.get(e.position) is not e or e.state != ACQUIRED:
+                    continue  # the queue was purged or deleted meanwhile
+                dequeued[q] = None
+                data = e.data
+                gone.append((q, e, data))
+                if t.outcome == ACCEPTED:
+                    q.dequeue(e, DequeueReason.ACCEPTED)
+                else:
+                    q.dequeue(e, DequeueReason.REJECTED)
+                    copies += self.server.dead_letter(q, data)
+        finally:
+            record_evictions(None)
         if store is not None:
-            store.end_unit(lambda why: self._undo(txn, answer, routed, copies, gone, why))
+            store.end_unit(lambda why: self._undo(txn, answer, routed, copies, evicted, gone, why))
         self.committed += 1
         log.debug("transaction.committed", connection=txn.conn.id, messages=len(txn.messages), count=len(txn.taken))
-        return routed, list(dequeued), windowed
+        return [*routed, *copies], list(dequeued), windowed
 
     def _undo(self, txn: Transaction, answer: Completion | None, routed: list[tuple[Queue, Entry]],
-              copies: list[tuple[Queue, Entry]], gone: list[tuple[Queue, Entry, bytes]], why: str) -> None:
+              copies: list[tuple[Queue, Entry]], evicted: list[tuple[Queue, Entry, bytes]],
+              gone: list[tuple[Queue, Entry, bytes]], why: str) -> None:
         """The pass's journal write failed, and with it the commit's unit (broker.store calls this before anything
         waiting for that write is answered, and before the backups are sent the pass's changes): the commit is
         refused whole in memory too, as on disk. Its messages and its rejects' dead letters are taken off their
-        queues (as the store takes back refused deliveries: one a consumer took in this pass stays with it); what
-        its accepts and rejects dequeued is back at its place, released as a roll back releases it; the discharge
-        is refused. (Applied in memory, the accepts stood while the consumer was told the commit had failed: the
+        queues (as the store takes back refused deliveries: one a consumer took in this pass stays with it); the
+        messages they pushed out of ring queues or replaced on last-value queues are back; what its accepts and
+        rejects dequeued is back at its place, released as a roll back releases it; the discharge is refused. (Applied in memory, the accepts stood while the consumer was told the commit had failed: the
         messages were gone until a restart brought them back, and gone for good from a backup promoted next.)"""
         store = self.server.store
         assert store is not None
@@ -296,6 +304,11 @@ class Transactions:
         for q, e in copies:  # (dead letters entered none)
             if e.state == AVAILABLE and q.entries.get(e.position) is e:
                 q.dequeue(e, DequeueReason.REFUSED)
+        own = {id(e) for _, e in routed} | {id(e) for _, e in copies}
+        for q, e, data in reversed(evicted):
+            if id(e) not in own:  # (not one of its own: a ring it filled pushes out its first ones too)
+                q.reinstate(e, data, acquired=False)
+                self.server.wake_queue(q)
         released = 0
         for q, e, data in gone:
             if not q.reinstate(e, data):

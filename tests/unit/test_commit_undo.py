@@ -111,8 +111,9 @@ def test_a_rejected_message_comes_back_and_its_dead_letter_goes(
     txn = _txn(s)
     txn.taken.append(Taken(None, qin, x, REJECTED))  # type: ignore[arg-type]
     answer = _answer(s)
-    s.transactions.commit(txn, answer)
+    routed, _, _ = s.transactions.commit(txn, answer)
     assert dead.depth == 1  # dead-lettered, in memory
+    assert [q for q, _ in routed] == [dead]  # held as the commit's own messages are (journal, backups, unit)
     _fail_write(s, monkeypatch)
     assert dead.depth == 0 and qin.entries[x.position].count == 1
     assert answer.error is not None and answer.error[0] == "amqp:transaction:rollback"
@@ -196,3 +197,65 @@ def test_a_reinstated_message_is_back_at_its_place(where: str) -> None:
         q.release(t)
     assert [x.position for x in iter(q.acquire_next, None)] == [1, 2, 3]
     assert q.bytes == sum(len(x.data) for x in q.entries.values())
+
+
+@pytest.mark.parametrize("order", [(1, 2), (2, 1)])
+def test_two_messages_taken_off_the_front_come_back_in_order(order: tuple[int, int]) -> None:
+    """A commit that accepted the first two messages (in either order): both were trimmed off the front of the
+    queue's order; put back, the second must not land before the first (browsers and the backups' catch-up plan
+    read the queue's positions in that order)."""
+    q = Queue("q", {}, QueueOptions())
+    for _ in range(4):
+        q.enqueue(b"m")
+    taken = {e.position: e for e in (q.acquire_next(), q.acquire_next()) if e is not None}
+    data = {p: e.data for p, e in taken.items()}
+    for p in order:
+        q.dequeue(taken[p], DequeueReason.ACCEPTED)
+    for p in order:
+        assert q.reinstate(taken[p], data[p])
+    seen, cursor = [], 0
+    while (b := q.browse_after(cursor, include_acquired=True)) is not None:
+        seen.append(b.position)
+        cursor = b.position
+    assert seen == [1, 2, 3, 4] and q.position_ranges() == [(1, 4)]
+
+
+def test_a_message_the_commit_pushed_out_of_a_ring_queue_comes_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = journaled(tmp_path)
+    ring, _ = s.wiring.declare_queue("ring", {"durable": True, "max-count": 1, "limit-policy": "ring"})
+    a = ring.enqueue(b"A", durable=True)
+    commit(s)
+    txn = _txn(s)
+    txn.messages.append(("ring", bytes(Message(body="B", durable=True).encode())))
+    txn.messages.append(("ring", bytes(Message(body="C", durable=True).encode())))  # pushes out B, its own
+    s.transactions.commit(txn, _answer(s))
+    assert a.position not in ring.entries and ring.depth == 1
+    _fail_write(s, monkeypatch)
+    assert list(ring.entries.values()) == [a] and a.state == AVAILABLE and a.data == b"A"
+    assert ring.acquire_next() is a
+    _until_writable(s)
+    close(s)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (qid,) = [q for q, d in image.queues.items() if d["name"] == "ring"]
+    assert [e.data for e in image.messages[qid].values()] == [b"A"]
+
+
+def test_a_message_the_commit_replaced_on_a_last_value_queue_comes_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = journaled(tmp_path)
+    lvq, _ = s.wiring.declare_queue("last", {"durable": True, "lvq-key": "k"})
+    old = bytes(Message(body="A", durable=True, properties={"k": "x"}).encode())
+    s.router.enqueue_committed("last", old)
+    commit(s)
+    (a,) = lvq.entries.values()
+    txn = _txn(s)
+    txn.messages.append(("last", bytes(Message(body="B", durable=True, properties={"k": "x"}).encode())))
+    s.transactions.commit(txn, _answer(s))
+    assert a.position not in lvq.entries
+    _fail_write(s, monkeypatch)
+    assert list(lvq.entries.values()) == [a] and a.state == AVAILABLE
+    s.router.enqueue_committed("last", bytes(Message(body="C", durable=True, properties={"k": "x"}).encode()))
+    assert [e.data for e in lvq.entries.values()] != [old] and lvq.depth == 1  # its key is its again: replaced
+    _until_writable(s)
+    close(s)
