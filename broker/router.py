@@ -232,10 +232,14 @@ class Router:
         meta = decode(data, trusted=True)
         copies = []
         for target in self.route_exchange(alt, current_subject()):
-            if target is not q and target.has_room(len(data)):
+            if target is q or not target.has_room(len(data)):
+                continue
+            try:
                 copies.append((target, target.enqueue(data, meta.priority, meta.expires, meta.durable)))
-                if target in self.consumers:
-                    self.server.dirty.add(target)
+            except QueueFull:  # a ring whose messages are all acquired: no room after all, as for a full queue
+                continue
+            if target in self.consumers:
+                self.server.dirty.add(target)
         return copies
 
     def dispatch(self, q: Queue) -> None:

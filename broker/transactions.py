@@ -87,6 +87,21 @@ def _txn_id(value: Any) -> bytes | None:
     return None
 
 
+@dataclass(eq=False, slots=True)
+class _Applied:
+    """What a commit applied, for its undo: where its messages and its rejects' dead letters went, the messages
+    they pushed out (with their data), and the messages its accepts and rejects dequeued (with their data)."""
+
+    routed: list[tuple[Queue, Entry]] = field(default_factory=list)
+    copies: list[tuple[Queue, Entry]] = field(default_factory=list)
+    evicted: list[tuple[Queue, Entry, bytes]] = field(default_factory=list)
+    gone: list[tuple[Queue, Entry, bytes]] = field(default_factory=list)
+
+
+def _nothing(_: str) -> None:
+    """The undo of a commit already undone."""
+
+
 @dataclass(eq=False)
 class Taken:
     """A consumer's outcome on a message, under a transaction: applied at commit, released at roll back."""
@@ -246,26 +261,23 @@ class Transactions:
         """Apply the transaction whole (raises MessageRefused, having applied nothing). Returns where its messages
         (and its rejects' dead letters: the discharge is answered once they are held as its messages are, and they
         are part of its unit on the backups) were enqueued, the queues whose messages its accepts and rejects
-        dequeued, and for each windowed message
-        where it went and what its windows dropped (`Router.follow`). Should the journal fail to write it, it is
-        undone at the end of the pass and `answer` (the discharge) refused (`_undo`)."""
+        dequeued, and for each windowed message where it went and what its windows dropped (`Router.follow`).
+        Should the journal fail to write it, it is undone at the end of the pass and `answer` (the discharge)
+        refused (`_undo`)."""
         self._check(txn)
         self._end(txn)
         store = self.server.store
         if store is not None:  # on disk, all of what follows until `end_unit` or none of it
             store.begin_unit()
         router = self.server.router
-        routed: list[tuple[Queue, Entry]] = []
+        done = _Applied()
         windowed: list[tuple[Any, Any]] = []
         dequeued: dict[Queue, None] = {}  # in order, once each
-        gone: list[tuple[Queue, Entry, bytes]] = []
-        copies: list[tuple[Queue, Entry]] = []
-        evicted: list[tuple[Queue, Entry, bytes]] = []
-        record_evictions(evicted)
+        record_evictions(done.evicted)
         try:
             for address, data in txn.messages:
                 went, dropped = router.enqueue_committed(address, data)
-                routed += went
+                done.routed += went
                 if dropped is not None:
                     windowed.append((went, dropped))
             for t in txn.taken:
@@ -274,44 +286,58 @@ class Transactions:
                     continue  # the queue was purged or deleted meanwhile
                 dequeued[q] = None
                 data = e.data
-                gone.append((q, e, data))
+                done.gone.append((q, e, data))
                 if t.outcome == ACCEPTED:
                     q.dequeue(e, DequeueReason.ACCEPTED)
                 else:
                     q.dequeue(e, DequeueReason.REJECTED)
-                    copies += self.server.dead_letter(q, data)
-        finally:
+                    done.copies += self.server.dead_letter(q, data)
+        except MessageRefused:
+            # A limit `_check` does not foresee (a last-value queue or a ring whose messages are all acquired
+            # refusing one more): what was applied goes, and the caller's roll back releases what it had taken.
             record_evictions(None)
+            self._take_back(done)
+            if store is not None:
+                store.end_unit(_nothing)  # (the unit holds its enqueues and their dequeues: nothing stands)
+            raise
+        record_evictions(None)
         if store is not None:
-            store.end_unit(lambda why: self._undo(txn, answer, routed, copies, evicted, gone, why))
+            store.end_unit(lambda why: self._undo(txn, answer, done, why))
         self.committed += 1
         log.debug("transaction.committed", connection=txn.conn.id, messages=len(txn.messages), count=len(txn.taken))
-        return [*routed, *copies], list(dequeued), windowed
+        return [*done.routed, *done.copies], list(dequeued), windowed
 
-    def _undo(self, txn: Transaction, answer: Completion | None, routed: list[tuple[Queue, Entry]],
-              copies: list[tuple[Queue, Entry]], evicted: list[tuple[Queue, Entry, bytes]],
-              gone: list[tuple[Queue, Entry, bytes]], why: str) -> None:
-        """The pass's journal write failed, and with it the commit's unit (broker.store calls this before anything
-        waiting for that write is answered, and before the backups are sent the pass's changes): the commit is
-        refused whole in memory too, as on disk. Its messages and its rejects' dead letters are taken off their
-        queues (as the store takes back refused deliveries: one a consumer took in this pass stays with it); the
-        messages they pushed out of ring queues or replaced on last-value queues are back; what its accepts and
-        rejects dequeued is back at its place, released as a roll back releases it; the discharge is refused. (Applied in memory, the accepts stood while the consumer was told the commit had failed: the
-        messages were gone until a restart brought them back, and gone for good from a backup promoted next.)"""
+    def _take_back(self, done: _Applied) -> None:
+        """Undo in memory what a commit applied (nothing of it was seen outside this pass: it is not answered, and
+        the backups are sent the pass's changes at its end): its messages and its rejects' dead letters are taken
+        off their queues (as the store takes back refused deliveries: one a consumer took in this pass stays with
+        it); the messages they pushed out of ring queues or replaced on last-value queues are back; what its
+        accepts and rejects dequeued is back at its place, acquired (`Queue.reinstate`)."""
         store = self.server.store
         assert store is not None
-        store.take_back([routed], [])  # (their ids leave the duplicate windows they entered)
-        for q, e in copies:  # (dead letters entered none)
+        store.take_back([done.routed], [])  # (their ids leave the duplicate windows they entered)
+        for q, e in done.copies:  # (dead letters entered none)
             if e.state == AVAILABLE and q.entries.get(e.position) is e:
                 q.dequeue(e, DequeueReason.REFUSED)
-        own = {id(e) for _, e in routed} | {id(e) for _, e in copies}
-        for q, e, data in reversed(evicted):
+        own = {id(e) for _, e in done.routed} | {id(e) for _, e in done.copies}
+        for q, e, data in reversed(done.evicted):
             if id(e) not in own:  # (not one of its own: a ring it filled pushes out its first ones too)
                 q.reinstate(e, data, acquired=False)
                 self.server.wake_queue(q)
+        for q, e, data in done.gone:
+            q.reinstate(e, data)
+
+    def _undo(self, txn: Transaction, answer: Completion | None, done: _Applied, why: str) -> None:
+        """The pass's journal write failed, and with it the commit's unit (broker.store calls this before anything
+        waiting for that write is answered, and before the backups are sent the pass's changes): the commit is
+        refused whole in memory too, as on disk (`_take_back`); what it had taken is released as a roll back
+        releases it, and the discharge refused. (Applied in memory, the accepts stood while the consumer was told
+        the commit had failed: the messages were gone until a restart brought them back, and gone for good from
+        a backup promoted next.)"""
+        self._take_back(done)
         released = 0
-        for q, e, data in gone:
-            if not q.reinstate(e, data):
+        for q, e, _ in done.gone:
+            if q.entries.get(e.position) is not e or e.state != ACQUIRED:
                 continue
             if not dead_letter_if_over(self.server, q, e):
                 q.release(e, delivery_failed=True, redelivered=True)

@@ -666,9 +666,15 @@ class Store(Extension):
         st = self.queues.get(queue)
         if st is None:
             return
-        if entry.seg:  # (as `dequeued` counted it off)
+        if entry.seg:  # (as `dequeued` counted it off, and noted it to journal)
             seg = entry.seg >> 32
             st.live[seg] = st.live.get(seg, 0) + 1
+            positions = self.dequeues.get(st.qid)
+            if positions and entry.position in positions:  # (undone within the commit: not written yet)
+                positions.remove(entry.position)
+                if not positions:
+                    del self.dequeues[st.qid]
+                    self.dequeued_top.pop(st.qid, None)
         elif entry.flags & DURABLE:
             self.unwritten.append((queue, entry))
 
@@ -869,7 +875,7 @@ class Store(Extension):
         refused = [pair for routed in routes for pair in routed]
         refused += [(q, e) for q, entries in groups for e in entries]
         for q, e in refused:
-            if q.dedup is not None:
+            if q.dedup is not None and e.flags & WINDOWED:  # (not a transaction's dead letter: it entered none)
                 decode(e.data, trusted=True)
                 k = id_key(current_message_id())
                 if k is not None:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from proton import Message
 
+from broker.errors import MessageRefused
 from broker.links import Completion
 from broker.options import QueueOptions
 from broker.queue import ACQUIRED, AVAILABLE, REDELIVERED, DequeueReason, Queue
@@ -257,5 +258,83 @@ def test_a_message_the_commit_replaced_on_a_last_value_queue_comes_back(
     assert list(lvq.entries.values()) == [a] and a.state == AVAILABLE
     s.router.enqueue_committed("last", bytes(Message(body="C", durable=True, properties={"k": "x"}).encode()))
     assert [e.data for e in lvq.entries.values()] != [old] and lvq.depth == 1  # its key is its again: replaced
+    _until_writable(s)
+    close(s)
+
+
+def test_a_commit_a_limit_refuses_halfway_leaves_nothing_applied(tmp_path: Path) -> None:
+    """`_check` counts room for limited queues, not for a ring whose messages are all acquired (it can push none
+    out): the commit raised in the middle, its first message stayed queued and its journal unit open (the rest of
+    the pass's records fell into it), while its client was told it had been rolled back."""
+    s = journaled(tmp_path)
+    assert s.store is not None
+    a, _ = s.wiring.declare_queue("a", {"durable": True})
+    ring, _ = s.wiring.declare_queue("ring", {"durable": True, "max-count": 1, "limit-policy": "ring"})
+    held = ring.enqueue(b"H", durable=True)
+    commit(s)
+    assert ring.acquire_next() is held  # a consumer holds the ring's only message: it cannot be pushed out
+    txn = _txn(s)
+    txn.messages.append(("a", bytes(Message(body="first", durable=True).encode())))
+    txn.messages.append(("ring", bytes(Message(body="second", durable=True).encode())))
+    with pytest.raises(MessageRefused):
+        s.transactions.commit(txn)
+    assert a.depth == 0 and list(ring.entries.values()) == [held]
+    assert all(end is not None for _, end in s.store.journal.units)  # the unit is closed
+    late, _ = s.wiring.declare_queue("late", {"durable": True})
+    late.enqueue(b"L", durable=True)  # the pass goes on
+    commit(s)
+    close(s)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    names = {q: d["name"] for q, d in image.queues.items()}
+    assert {names[q]: [e.data for e in m.values()] for q, m in image.messages.items() if m} == {
+        "ring": [b"H"], "late": [b"L"]}
+
+
+def test_a_dead_letter_a_full_ring_cannot_take_is_dropped_and_the_commit_stands(tmp_path: Path) -> None:
+    """A ring dead-letter queue whose messages are all acquired has no room for the copy: it is dropped, as for
+    any full dead-letter queue (it raised in the middle of the commit, after its accepts had been applied: the
+    client was told it was rolled back and the messages were gone)."""
+    s = journaled(tmp_path)
+    s.wiring.declare_exchange("dlx", "fanout", {"durable": True})
+    dead, _ = s.wiring.declare_queue("dead", {"durable": True, "max-count": 1, "limit-policy": "ring"})
+    s.wiring.bind("dlx", "dead", "")
+    qin, _ = s.wiring.declare_queue("in", {"durable": True, "alternate-exchange": "dlx"})
+    held = dead.enqueue(b"H", durable=True)
+    w = qin.enqueue(b"W", durable=True)
+    x = qin.enqueue(bytes(Message(body="X", durable=True).encode()), durable=True)
+    commit(s)
+    assert dead.acquire_next() is held and qin.acquire_next() is w and qin.acquire_next() is x
+    txn = _txn(s)
+    txn.taken += [Taken(None, qin, w, ACCEPTED), Taken(None, qin, x, REJECTED)]  # type: ignore[arg-type]
+    routed, dequeued, _ = s.transactions.commit(txn)
+    assert routed == [] and dequeued == [qin] and qin.depth == 0 and list(dead.entries.values()) == [held]
+    commit(s)
+    close(s)
+
+
+def test_a_failed_commit_leaves_the_windows_the_dead_letter_did_not_enter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead letter enters no duplicate window: taking it back must not make a window forget the id that the
+    message's own publish put there (its resend would then be taken twice)."""
+    s = journaled(tmp_path)
+    s.wiring.declare_exchange("events", "fanout", {"durable": True})
+    qin, _ = s.wiring.declare_queue("in", {"durable": True, "alternate-exchange": "events"})
+    audit, _ = s.wiring.declare_queue("audit", {"durable": True, "duplicate-window": 100})
+    for q in ("in", "audit"):
+        s.wiring.bind("events", q, "")
+    data = bytes(Message(id="X", body="X", durable=True).encode())
+    s.router.enqueue_committed("events", data)  # published to both: its id in audit's window
+    commit(s)
+    assert audit.dedup is not None and audit.dedup.seen(b"SX", time.time())
+    x = qin.acquire_next()
+    assert x is not None
+    txn = _txn(s)
+    txn.taken.append(Taken(None, qin, x, REJECTED))  # type: ignore[arg-type]
+    answer = _answer(s)
+    routed, _, _ = s.transactions.commit(txn, answer)
+    assert s.store is not None and s.store.hold(answer, routed)  # (as the discharge holds it)
+    answer.pending += 1
+    _fail_write(s, monkeypatch)
+    assert audit.dedup.seen(b"SX", time.time()) and audit.depth == 1 and qin.entries[x.position] is x
     _until_writable(s)
     close(s)
