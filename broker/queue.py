@@ -35,7 +35,9 @@ from typing import Any, Protocol
 from sortedcontainers import SortedKeyList
 
 from broker.dedup import DuplicateWindow
+from broker.dedup import key as id_key
 from broker.errors import QueueFull
+from broker.message import current_message_id, decode
 from broker.options import QueueOptions
 from broker.paging import Paged, PageIndex
 
@@ -72,6 +74,23 @@ _EMPTY = b""
 # While a transaction's commit is applied (broker.transactions), the messages its enqueues push out of a ring queue
 # or replace on a last-value queue, with their data: its undo puts them back (`record_evictions`).
 _evictions: list[tuple[Queue, Entry, bytes]] | None = None
+
+
+def take_back(refused: Iterable[tuple[Queue, Entry]]) -> None:
+    """Messages whose publisher is told they were not taken (a journal write that failed, a commit refused or
+    undone, a route a later queue refused) are taken off every queue they were put on (a resend must not make them
+    twice), unless a consumer took one in this same pass (it is out: it stays with that consumer); and a queue's
+    duplicate window forgets the id one put there, or it would drop the resend as a duplicate of what it never
+    kept. (Not a dead letter's: it entered no window, and its id may be there for the message's own publish.)"""
+    for q, e in refused:
+        if q.dedup is not None and e.flags & WINDOWED:
+            decode(e.data, trusted=True)
+            k = id_key(current_message_id())
+            if k is not None:
+                q.dedup.forget(k)
+        e.flags &= ~WINDOWED  # its id is not in the window: replication must not send it (ha.replicating)
+        if e.state == AVAILABLE and q.entries.get(e.position) is e:
+            q.dequeue(e, DequeueReason.REFUSED)
 
 
 def record_evictions(into: list[tuple[Queue, Entry, bytes]] | None) -> None:
@@ -641,15 +660,20 @@ class Queue:
             return True
         if not opts.ring:
             return False
-        for e in list(self._ordered()):
+        # Only available messages can be pushed out: none is, unless that makes room (else the new one is refused
+        # and they would be lost for nothing)
+        free = [e for e in self._ordered() if e.state == AVAILABLE]
+        if (opts.max_count is not None and self.depth - len(free) + 1 > opts.max_count) or (
+                opts.max_size is not None and self.all_bytes - sum(len(e.data) for e in free) + size > opts.max_size):
+            return False
+        for e in free:
             if not over():
                 break
-            if e.state == AVAILABLE:
-                self.stats.ring_evicted += 1
-                if _evictions is not None:
-                    _evictions.append((self, e, e.data))
-                self.dequeue(e, DequeueReason.RING)
-        return not over()
+            self.stats.ring_evicted += 1
+            if _evictions is not None:
+                _evictions.append((self, e, e.data))
+            self.dequeue(e, DequeueReason.RING)
+        return True
 
     # ----- consumers --------------------------------------------------------------------------------------------
     def acquire_next(self, now: float | None = None, skip: set[int] | None = None) -> Entry | None:

@@ -15,7 +15,7 @@ from broker.errors import JournalRefusal, MemoryRefusal, NoRoute, QueueFull
 from broker.links import Completion, PublisherLink
 from broker.log import get_logger
 from broker.message import current_key, current_message_id, current_subject, current_to, decode
-from broker.queue import WINDOWED, Entry, Queue
+from broker.queue import WINDOWED, Entry, Queue, take_back
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -204,16 +204,20 @@ class Router:
                 raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)")
             if q.options.lvq_key is not None:
                 keys[q] = current_key(q.options.lvq_key)
-        routed = []
+        routed: list[tuple[Queue, Entry]] = []
         consumers = self.consumers
-        for q in targets:
-            e = q.enqueue(data, priority, expires, durable, keys.get(q))
-            routed.append((q, e))
-            if mid is not None and q.dedup is not None:
-                q.dedup.add(mid, now)
-                e.flags |= WINDOWED  # replication tells the backups to take its id too (ha.core.batch)
-            if q in consumers:
-                self.server.dirty.add(q)
+        try:
+            for q in targets:
+                e = q.enqueue(data, priority, expires, durable, keys.get(q))
+                routed.append((q, e))
+                if mid is not None and q.dedup is not None:
+                    q.dedup.add(mid, now)
+                    e.flags |= WINDOWED  # replication tells the backups to take its id too (ha.core.batch)
+                if q in consumers:
+                    self.server.dirty.add(q)
+        except QueueFull:  # a ring whose messages are all acquired, a full last-value queue: none of them keeps it
+            take_back(routed)
+            raise
         return routed, (None if mid is None else (mid, duplicates))
 
     def _duplicate(self, mid: bytes, queues: list[Queue]) -> None:

@@ -44,7 +44,7 @@ from broker.errors import JournalRefusal, MemoryRefusal, MessageRefused, NoRoute
 from broker.links import Completion, ConsumerLink, PublisherLink
 from broker.log import get_logger
 from broker.message import current_key, current_subject, current_to, decode
-from broker.queue import ACQUIRED, AVAILABLE, DequeueReason, Entry, Queue, record_evictions
+from broker.queue import ACQUIRED, DequeueReason, Entry, Queue, record_evictions, take_back
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -313,12 +313,8 @@ class Transactions:
         off their queues (as the store takes back refused deliveries: one a consumer took in this pass stays with
         it); the messages they pushed out of ring queues or replaced on last-value queues are back; what its
         accepts and rejects dequeued is back at its place, acquired (`Queue.reinstate`)."""
-        store = self.server.store
-        assert store is not None
-        store.take_back([done.routed], [])  # (their ids leave the duplicate windows they entered)
-        for q, e in done.copies:  # (dead letters entered none)
-            if e.state == AVAILABLE and q.entries.get(e.position) is e:
-                q.dequeue(e, DequeueReason.REFUSED)
+        take_back(done.routed)
+        take_back(done.copies)
         own = {id(e) for _, e in done.routed} | {id(e) for _, e in done.copies}
         for q, e, data in reversed(done.evicted):
             if id(e) not in own:  # (not one of its own: a ring it filled pushes out its first ones too)

@@ -36,14 +36,12 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from broker.dedup import key as id_key
 from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.message import current_message_id, decode, last_value_key_of
+from broker.message import last_value_key_of
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
 from broker.queue import (
-    AVAILABLE,
     DEAD,
     DURABLE,
     PAGED,
@@ -54,6 +52,7 @@ from broker.queue import (
     Entry,
     Queue,
     pageable,
+    take_back,
 )
 from broker.store import records as R
 from broker.store.journal import Journal, SyncFailed, segment_name, segment_numbers, sync_path
@@ -869,20 +868,9 @@ class Store(Extension):
     @staticmethod
     def take_back(routes: list[list[tuple[Queue, Entry]]], groups: list[tuple[Queue, list[Entry]]]) -> None:
         """The write of the refused deliveries failed: their publishers are told they were not taken, so they are
-        taken off every queue they were put on (a resend must not make them twice), unless a consumer took one in
-        this same pass (it is out: it stays with that consumer); and a queue's duplicate window forgets their ids,
-        or it would drop the resend as a duplicate of what it never kept."""
-        refused = [pair for routed in routes for pair in routed]
-        refused += [(q, e) for q, entries in groups for e in entries]
-        for q, e in refused:
-            if q.dedup is not None and e.flags & WINDOWED:  # (not a transaction's dead letter: it entered none)
-                decode(e.data, trusted=True)
-                k = id_key(current_message_id())
-                if k is not None:
-                    q.dedup.forget(k)
-            e.flags &= ~WINDOWED  # its id is not in the window: replication must not send it (ha.replicating)
-            if e.state == AVAILABLE and q.entries.get(e.position) is e:
-                q.dequeue(e, DequeueReason.REFUSED)
+        taken off every queue they were put on (broker.queue `take_back`)."""
+        take_back([pair for routed in routes for pair in routed])
+        take_back([(q, e) for q, entries in groups for e in entries])
 
     def _unmove(self, moved: list[tuple[_Q, Entry, int]]) -> None:
         """Records written again were not: each message is where its last record on disk is (its older count), and

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 from proton import Message
 
-from broker.errors import MessageRefused
+from broker.config import BrokerConfig
+from broker.errors import MessageRefused, QueueFull
 from broker.links import Completion
 from broker.options import QueueOptions
 from broker.queue import ACQUIRED, AVAILABLE, REDELIVERED, DequeueReason, Queue
@@ -338,3 +339,58 @@ def test_a_failed_commit_leaves_the_windows_the_dead_letter_did_not_enter(
     assert audit.dedup.seen(b"SX", time.time()) and audit.depth == 1 and qin.entries[x.position] is x
     _until_writable(s)
     close(s)
+
+
+def test_a_message_a_later_queue_refuses_is_taken_off_the_queues_that_took_it(tmp_path: Path) -> None:
+    """An exchange routes the commit's message to a queue with a duplicate window, then to a ring that cannot take
+    it: the first queue must not keep it (nor its id: the client's retry would be dropped as a duplicate)."""
+    s = journaled(tmp_path)
+    s.wiring.declare_exchange("fan", "fanout", {"durable": True})
+    a, _ = s.wiring.declare_queue("a", {"durable": True, "duplicate-window": 100})
+    ring, _ = s.wiring.declare_queue("ring", {"durable": True, "max-count": 1, "limit-policy": "ring"})
+    for q in ("a", "ring"):
+        s.wiring.bind("fan", q, "")
+    held = ring.enqueue(b"H", durable=True)
+    commit(s)
+    assert ring.acquire_next() is held
+    txn = _txn(s)
+    txn.messages.append(("fan", bytes(Message(id="M", body="M", durable=True).encode())))
+    with pytest.raises(MessageRefused):
+        s.transactions.commit(txn)
+    assert a.depth == 0 and a.dedup is not None and not a.dedup.seen(b"SM", time.time())
+    commit(s)
+    close(s)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (aid,) = [q for q, d in image.queues.items() if d["name"] == "a"]
+    assert not image.messages.get(aid)
+
+
+def test_without_a_journal_a_commit_refused_halfway_is_rolled_back(tmp_path: Path) -> None:
+    s = Server(BrokerConfig(port=0), "unit")
+    qin, _ = s.wiring.declare_queue("in", {})
+    ring, _ = s.wiring.declare_queue("ring", {"max-count": 1, "limit-policy": "ring"})
+    first, _ = s.wiring.declare_queue("first", {})
+    held, w = ring.enqueue(b"H"), qin.enqueue(b"W")
+    assert ring.acquire_next() is held and qin.acquire_next() is w
+    txn = _txn(s)
+    txn.messages += [("first", bytes(Message(body="1").encode())), ("ring", bytes(Message(body="2").encode()))]
+    txn.taken.append(Taken(None, qin, w, ACCEPTED))  # type: ignore[arg-type]
+    with pytest.raises(MessageRefused):
+        s.transactions.commit(txn)
+    assert first.depth == 0 and qin.entries[w.position] is w and w.state == ACQUIRED
+    s.transactions.rollback(txn, "commit_failed")  # what the discharge does next
+    assert w.state == AVAILABLE and w.count == 1
+
+
+def test_a_ring_that_cannot_make_room_pushes_nothing_out() -> None:
+    """Only available messages can be pushed out of a ring: when even all of them would not make room, none is
+    (they were, and the new message refused anyway: lost for nothing)."""
+    q = Queue("ring", {}, QueueOptions.from_arguments({"max-size": 100, "limit-policy": "ring"}))
+    a, b = q.enqueue(b"a" * 30), q.enqueue(b"b" * 60)
+    assert q.acquire_next() is a and q.acquire_next() is b
+    q.release(a)  # available again: 30 bytes that could go, 60 that cannot
+    with pytest.raises(QueueFull):
+        q.enqueue(b"c" * 46)
+    assert q.entries == {a.position: a, b.position: b} and q.stats.ring_evicted == 0
+    q.enqueue(b"d" * 40)  # pushing a out is enough for this one
+    assert [e.data[:1] for e in q.entries.values()] == [b"b", b"d"] and q.stats.ring_evicted == 1
