@@ -1,7 +1,8 @@
 """A queue: messages numbered by position, consumers that acquire, browsers that copy.
 
-Pure Python (no proton): the server feeds it and sends what it hands out. Every change of a message's fate goes
-through the observers (enqueued, acquired, released, dequeued), which is what replication listens to.
+The server feeds it and sends what it hands out (proton only to read a message's id, in `take_back`). Every change
+of a message's fate goes through the observers (enqueued, acquired, released, dequeued; reinstated for a dequeue
+undone in its pass), which is what replication and the journal listen to.
 
 Layout (lean: about 200 bytes per queued message besides its payload, see docs/performance.md):
 
@@ -361,17 +362,42 @@ class Queue:
     def has_available(self) -> bool:
         return not self.locked and self._available > 0
 
-    def has_room(self, size: int) -> bool:
-        """Would a message of `size` bytes fit without breaking max-count/max-size (policy reject)? Ring and
-        last-value queues always make room."""
+    def has_room(self, size: int, key: Any = None) -> bool:
+        """Would `enqueue` take a message of `size` bytes (with last-value key `key`) without breaking
+        max-count/max-size? A ring makes room by pushing out available messages, if that is enough; a last-value
+        queue needs none to replace an available message of the same key. Asked before a message goes to any of
+        its queues: one refusing it after others took it would leave them changed (what they pushed out is gone)."""
         o = self.options
-        if o.ring or (o.max_count is None and o.max_size is None):
+        if o.max_count is None and o.max_size is None:
             return True
-        if o.lvq_key is not None:
-            return True  # a replacement needs no room; enqueue() decides
+        if key is not None and o.lvq_key is not None:
+            old = self._lvq.get(key)
+            if old is not None and old.state == AVAILABLE:
+                return True
+        if o.ring:
+            return self._ring_room(size) is not None
         if o.max_count is not None and self.depth + 1 > o.max_count:  # paged ones too (limits set later)
             return False
         return not (o.max_size is not None and self.all_bytes + size > o.max_size)
+
+    def _ring_room(self, size: int) -> list[Entry] | None:
+        """The available messages (oldest first) a ring pushes out to take one of `size` bytes, or None if even all
+        of them would not make room (then none may go: they would be lost for nothing). Walks only as far as it
+        must, unless the answer is None."""
+        o = self.options
+        count = 0 if o.max_count is None else self.depth + 1 - o.max_count  # how many must go
+        nbytes = 0 if o.max_size is None else self.all_bytes + size - o.max_size  # how many bytes must go
+        out: list[Entry] = []
+        if count <= 0 and nbytes <= 0:
+            return out
+        for e in self._ordered():
+            if e.state == AVAILABLE:
+                out.append(e)
+                count -= 1
+                nbytes -= len(e.data)
+                if count <= 0 and nbytes <= 0:
+                    return out
+        return None
 
     def level_of(self, priority: int) -> int:
         n = self._levels
@@ -660,15 +686,10 @@ class Queue:
             return True
         if not opts.ring:
             return False
-        # Only available messages can be pushed out: none is, unless that makes room (else the new one is refused
-        # and they would be lost for nothing)
-        free = [e for e in self._ordered() if e.state == AVAILABLE]
-        if (opts.max_count is not None and self.depth - len(free) + 1 > opts.max_count) or (
-                opts.max_size is not None and self.all_bytes - sum(len(e.data) for e in free) + size > opts.max_size):
+        free = self._ring_room(size)
+        if free is None:
             return False
         for e in free:
-            if not over():
-                break
             self.stats.ring_evicted += 1
             if _evictions is not None:
                 _evictions.append((self, e, e.data))

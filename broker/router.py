@@ -200,10 +200,11 @@ class Router:
         size = len(data)
         keys: dict[Queue, Any] = {}  # last-value keys, read (and refused) before any queue takes the message
         for q in targets:
-            if not q.has_room(size):
-                raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)")
-            if q.options.lvq_key is not None:
-                keys[q] = current_key(q.options.lvq_key)
+            key = keys[q] = current_key(q.options.lvq_key) if q.options.lvq_key is not None else None
+            if not q.has_room(size, key):
+                raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)" if not q.options.ring
+                                else f"queue {q.name} is full: its messages are acquired (a ring pushes out only "
+                                "available ones)")
         routed: list[tuple[Queue, Entry]] = []
         consumers = self.consumers
         try:

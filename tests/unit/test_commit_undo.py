@@ -394,3 +394,40 @@ def test_a_ring_that_cannot_make_room_pushes_nothing_out() -> None:
     assert q.entries == {a.position: a, b.position: b} and q.stats.ring_evicted == 0
     q.enqueue(b"d" * 40)  # pushing a out is enough for this one
     assert [e.data[:1] for e in q.entries.values()] == [b"b", b"d"] and q.stats.ring_evicted == 1
+
+
+def test_a_message_one_queue_refuses_changes_none_of_its_queues(tmp_path: Path) -> None:
+    """Routed to a ring that pushes out its oldest, a last-value queue that replaces its value and a ring that
+    cannot make room (its message acquired): refused, it must leave the first two as they were (they lost the
+    oldest message and the value for a message nobody kept, on the backups and on disk too)."""
+    s = journaled(tmp_path)
+    s.wiring.declare_exchange("fan", "fanout", {"durable": True})
+    aring, _ = s.wiring.declare_queue("aring", {"durable": True, "max-count": 2, "limit-policy": "ring"})
+    lv, _ = s.wiring.declare_queue("lv", {"durable": True, "lvq-key": "k"})
+    ring, _ = s.wiring.declare_queue("ring", {"durable": True, "max-count": 1, "limit-policy": "ring"})
+    for q in ("aring", "lv", "ring"):
+        s.wiring.bind("fan", q, "")
+
+    def publish(body: str) -> None:
+        s.router.enqueue_committed("fan", bytes(Message(body=body, durable=True, properties={"k": "x"}).encode()))
+
+    publish("v1")
+    publish("v2")
+    assert ring.acquire_next() is not None  # v2, held by a consumer: the ring cannot take v3
+    before = {q.name: _bodies(q) for q in (aring, lv, ring)}
+    with pytest.raises(QueueFull, match="acquired"):
+        publish("v3")
+    assert {q.name: _bodies(q) for q in (aring, lv, ring)} == before == {
+        "aring": ["v1", "v2"], "lv": ["v2"], "ring": ["v2"]}
+    assert aring.stats.ring_evicted == 0  # nothing pushed out for it
+    commit(s)
+    close(s)
+
+
+def _bodies(q: Queue) -> list[str]:
+    out = []
+    for e in sorted(q.entries.values(), key=lambda e: e.position):
+        m = Message()
+        m.decode(e.data)
+        out.append(str(m.body))
+    return out
