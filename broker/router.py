@@ -203,8 +203,8 @@ class Router:
             key = keys[q] = current_key(q.options.lvq_key) if q.options.lvq_key is not None else None
             if not q.has_room(size, key):
                 raise QueueFull(f"queue {q.name} is full (max-count/max-size, policy reject)" if not q.options.ring
-                                else f"queue {q.name} is full: its messages are acquired (a ring pushes out only "
-                                "available ones)")
+                                else f"queue {q.name} is full: a ring pushes out only available messages, and those "
+                                "are not enough for this one")
         routed: list[tuple[Queue, Entry]] = []
         consumers = self.consumers
         try:
