@@ -564,7 +564,7 @@ class Queue:
         position = entry.position
         self.entries[position] = entry
         self._available += 1
-        spine, head = self._spine, self._head
+        spine = self._spine
         if position >= self.next_position:  # the usual case: at the back
             self.next_position = position + 1
             spine.append(entry)
@@ -576,13 +576,7 @@ class Queue:
                 spine.append(entry)
                 self._avail[entry.level].append(entry)
                 return
-            if head == 0:
-                room = max(1024, len(spine))
-                spine[0:0] = [None] * room
-                head = room
-            head -= 1
-            spine[head] = entry
-            self._head = head
+            self._push_front(entry)
             self._avail[entry.level].appendleft(entry)
             return
         if self._extra is None:
@@ -613,13 +607,7 @@ class Queue:
             elif i > head:  # trimmed off the front, and another put back before it: in order, after that one
                 spine.insert(i, entry)
             else:  # trimmed off the front: back there
-                if head == 0:
-                    room = max(1024, len(spine))
-                    spine[0:0] = [None] * room
-                    head = room
-                head -= 1
-                spine[head] = entry
-                self._head = head
+                self._push_front(entry)
         if not acquired:
             self._available += 1
             heapq.heappush(self._back[entry.level], (position, entry))
@@ -635,6 +623,17 @@ class Queue:
         for o in self.observers:
             o.reinstated(self, entry)
         return True
+
+    def _push_front(self, entry: Entry) -> None:
+        """Put `entry` at the front of the spine (below everything in it), making room there if need be."""
+        spine, head = self._spine, self._head
+        if head == 0:
+            room = max(1024, len(spine))
+            spine[0:0] = [None] * room
+            head = room
+        head -= 1
+        spine[head] = entry
+        self._head = head
 
     def _park(self, entry: Entry) -> None:
         """Above paged messages: kept aside (not available) until the end of the pass pages it out."""

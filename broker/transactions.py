@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -331,14 +332,7 @@ class Transactions:
         the commit had failed: the messages were gone until a restart brought them back, and gone for good from
         a backup promoted next.)"""
         self._take_back(done)
-        released = 0
-        for q, e, _ in done.gone:
-            if q.entries.get(e.position) is not e or e.state != ACQUIRED:
-                continue
-            if not dead_letter_if_over(self.server, q, e):
-                q.release(e, delivery_failed=True, redelivered=True)
-            self.server.wake_queue(q)
-            released += 1
+        released = self._release((q, e) for q, e, _ in done.gone)
         if answer is not None and answer.error is None:
             answer.error = (ROLLBACK, f"the transaction was rolled back: {why}")
         self.committed -= 1
@@ -387,18 +381,23 @@ class Transactions:
             return self.server.router.route_exchange(address, current_subject())
         raise NoRoute("amqp:not-found", f"no queue or exchange named {address!r}")
 
-    def rollback(self, txn: Transaction, reason: str) -> None:
-        """Forget the held messages; release what the transaction had taken as a failed delivery."""
-        self._end(txn)
+    def _release(self, taken: Iterable[tuple[Queue, Entry]]) -> int:
+        """Release what a transaction had taken and still holds, as a failed delivery (or dead-letter it at its
+        queue's delivery-limit); returns how many."""
         released = 0
-        for t in txn.taken:
-            q, e = t.queue, t.entry
+        for q, e in taken:
             if q.entries.get(e.position) is not e or e.state != ACQUIRED:
                 continue
             if not dead_letter_if_over(self.server, q, e):
                 q.release(e, delivery_failed=True, redelivered=True)
             self.server.wake_queue(q)
             released += 1
+        return released
+
+    def rollback(self, txn: Transaction, reason: str) -> None:
+        """Forget the held messages; release what the transaction had taken as a failed delivery."""
+        self._end(txn)
+        released = self._release((t.queue, t.entry) for t in txn.taken)
         self.rolled_back += 1
         (log.debug if reason == "discharge" else log.info)(
             "transaction.rolled_back", connection=txn.conn.id, reason=reason, messages=len(txn.messages),
