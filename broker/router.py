@@ -216,7 +216,7 @@ class Router:
                     e.flags |= WINDOWED  # replication tells the backups to take its id too (ha.core.batch)
                 if q in consumers:
                     self.server.dirty.add(q)
-        except QueueFull:  # a ring whose messages are all acquired, a full last-value queue: none of them keeps it
+        except QueueFull:  # (has_room said each would take it: a guard) none of them keeps it
             take_back(routed)
             raise
         return routed, (None if mid is None else (mid, duplicates))

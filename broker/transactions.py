@@ -301,7 +301,8 @@ class Transactions:
             if store is not None:
                 store.end_unit(_nothing)  # (the unit holds its enqueues and their dequeues: nothing stands)
             raise
-        record_evictions(None)
+        finally:
+            record_evictions(None)
         if store is not None:
             store.end_unit(lambda why: self._undo(txn, answer, done, why))
         self.committed += 1
