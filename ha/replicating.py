@@ -185,8 +185,8 @@ class QueueWatch:
 
     def reinstated(self, queue: Queue, entry: Entry) -> None:
         """Its dequeue in this pass is void (a commit whose journal write failed, `Queue.reinstate`): called before
-        this pass's `flush`, so the backups are never sent it and its guards stay; they keep the message acquired
-        until the release that follows."""
+        this pass's `flush`, so the backups are never sent it and its guards stay; they keep the message as they
+        have it (acquired until the release that follows, or available: one a commit's message pushed out)."""
         pos = entry.position
         self.gone.discard(pos)
         if self.windowed.pop(pos, None) is not None and self.last_windowed == pos:
