@@ -761,6 +761,9 @@ def _replay_segment(
         raise JournalUnreadable(f"{path}: journal format {fmt} is newer than this agent's ({JOURNAL_FORMAT})")
     view = memoryview(data)
     off, end = _JHEADER.size, len(data)
+    # From format 3 a write counts only once its MARK is read: the last segment's records after its last MARK are
+    # a write a crash cut short, which the broker cuts whole (broker/store/records.py ``last_end``).
+    held: list[memoryview] = []
     while off + _JFRAME.size <= end:
         length, crc = _JFRAME.unpack_from(view, off)
         stop = off + _JFRAME.size + length
@@ -772,34 +775,53 @@ def _replay_segment(
         kind = body[0]
         if kind == _UNIT and not _unit_whole(view, stop, stop + _JQID.unpack_from(body, 1)[0]):
             break  # a transaction's write a crash cut short: the broker cuts it at start, all of it
-        try:
-            if kind == _ENQUEUE:
-                qid, pos = _JQPOS.unpack_from(body, 1)
-                known = queues.get(qid)
-                if known is not None and pos > known[1]:
-                    queues[qid] = (known[0], pos)
-            elif kind == _QUEUE:
-                (qid,) = _JQID.unpack_from(body, 1)
-                doc = json.loads(bytes(body[1 + _JQID.size :]))
-                known = queues.get(qid)
-                highest = int(doc.get("next", 1)) - 1
-                if known is not None and known[0].get("uuid") == doc.get("uuid"):
-                    highest = max(highest, known[1])
-                queues[qid] = (doc, highest)
-            elif kind == _UNQUEUE:
-                (qid,) = _JQID.unpack_from(body, 1)
-                queues.pop(qid, None)
-            elif kind == _STATE:
-                doc = json.loads(bytes(body[1:]))
-                if isinstance(doc, dict) and "epoch" in doc:
-                    state = doc
-        except (ValueError, struct.error, AttributeError, TypeError):
-            pass  # a record we cannot use: the broker decides about damage when it starts
+        if kind == _MARK:
+            for b in held:
+                state = _replay_record(b, queues, state)
+            held.clear()
+        elif fmt >= 3:
+            held.append(body)
+        else:
+            state = _replay_record(body, queues, state)
         off = stop
     if off < end and _damaged(view, off, fmt, last):
         # Not a torn tail the broker cuts by itself: it will not start, and what this journal held after the bad
         # record is unknown (a standing from before it could let an older store win). Nothing is published.
         raise JournalUnreadable(f"{path}: damaged at byte {off} (ha-admin journal check)")
+    if not last:  # an earlier segment keeps them (an older release's recovery may have kept such a write)
+        for b in held:
+            state = _replay_record(b, queues, state)
+    return state
+
+
+def _replay_record(
+    body: memoryview, queues: dict[int, tuple[dict[str, object], int]], state: dict[str, object]
+) -> dict[str, object]:
+    """One intact record (kind and payload) of a whole write: the queues' highest positions, the standing."""
+    kind = body[0]
+    try:
+        if kind == _ENQUEUE:
+            qid, pos = _JQPOS.unpack_from(body, 1)
+            known = queues.get(qid)
+            if known is not None and pos > known[1]:
+                queues[qid] = (known[0], pos)
+        elif kind == _QUEUE:
+            (qid,) = _JQID.unpack_from(body, 1)
+            doc = json.loads(bytes(body[1 + _JQID.size :]))
+            known = queues.get(qid)
+            highest = int(doc.get("next", 1)) - 1
+            if known is not None and known[0].get("uuid") == doc.get("uuid"):
+                highest = max(highest, known[1])
+            queues[qid] = (doc, highest)
+        elif kind == _UNQUEUE:
+            (qid,) = _JQID.unpack_from(body, 1)
+            queues.pop(qid, None)
+        elif kind == _STATE:
+            doc = json.loads(bytes(body[1:]))
+            if isinstance(doc, dict) and "epoch" in doc:
+                state = doc
+    except (ValueError, struct.error, AttributeError, TypeError):
+        pass  # a record we cannot use: the broker decides about damage when it starts
     return state
 
 

@@ -44,7 +44,8 @@ where zeros start, and a crash in the middle of a commit can leave any of its pa
 (the page cache writes back in any order), so good data may follow a torn commit. What tells them apart is the MARK
 record ending each commit: a bad record is damage only if an intact MARK after it says that the bytes where it lies
 were already on disk (fdatasynced) when that later commit was written; otherwise it lies in what the last sync had
-not covered, which a crash may tear, and it is cut with everything after it.
+not covered, which a crash may tear, and it is cut with everything after it. In the last segment the cut starts
+where the torn write begins, after the last intact MARK (`last_end`): a write stands or falls whole.
 """
 
 from __future__ import annotations
@@ -246,6 +247,7 @@ class ScanEnd:
     damaged: bool
     reason: str = ""
     tail: int = 0
+    committed: int = -1  # where the last intact MARK read ends (the last whole commit); -1: none read
 
 
 def header_unwritten(data: bytes | memoryview) -> str:
@@ -282,35 +284,39 @@ def scan(data: bytes | memoryview, start: int = 0, fmt: int = FORMAT,
     # The loop runs once per record of every segment at recovery: local names, no method lookups.
     unpack, crc32, kinds, new = FRAME.unpack_from, _crc, KINDS, tuple.__new__
     enqueue, add = (into.enqueue, into.record) if into is not None else (None, out.append)
+    committed = -1
     while off < n:
         if off + fsize > n:
-            return out, _bad(view, off, n, f"{n - off} bytes of an incomplete record header", fmt)
+            return out, _bad(view, off, n, f"{n - off} bytes of an incomplete record header", fmt, committed)
         length, crc = unpack(view, off)
         body_at = off + fsize
         end = body_at + length
         if length == 0 or length > MAX_RECORD:
-            return out, _bad(view, off, end, f"record at byte {off} has an impossible length {length}", fmt)
+            return out, _bad(view, off, end, f"record at byte {off} has an impossible length {length}", fmt,
+                             committed)
         if end > n:
             return out, _bad(view, off, end, f"record at byte {off} needs {length} bytes, {n - off - fsize} left",
-                             fmt)
+                             fmt, committed)
         body = view[body_at:end]
         if crc32(body) != crc:
-            return out, _bad(view, off, end, f"record at byte {off} fails its CRC", fmt)
+            return out, _bad(view, off, end, f"record at byte {off} fails its CRC", fmt, committed)
         kind = body[0]
         if kind == ENQUEUE and enqueue is not None:
             enqueue(view, body_at + 1, end, off)
             off = end
             continue
         if kind not in kinds:
-            return out, _bad(view, off, end, f"record at byte {off} has an unknown kind {kind}", fmt)
+            return out, _bad(view, off, end, f"record at byte {off} has an unknown kind {kind}", fmt, committed)
         if kind == UNIT:  # rare (a pass with a commit): check the whole unit before keeping any of it
             unit_end = end + _UNIT.unpack_from(body, 1)[0]
             problem = _unit_problem(view, end, unit_end)
             if problem:
-                return out, _bad(view, off, unit_end, f"transaction unit at byte {off}: {problem}", fmt)
+                return out, _bad(view, off, unit_end, f"transaction unit at byte {off}: {problem}", fmt, committed)
+        elif kind == MARK:
+            committed = end
         add(new(Record, (kind, view[body_at + 1:end], off)))
         off = end
-    return out, ScanEnd(off, False, False)
+    return out, ScanEnd(off, False, False, committed=committed)
 
 
 def _unit_problem(view: memoryview, off: int, end: int) -> str:
@@ -331,20 +337,40 @@ def _unit_problem(view: memoryview, off: int, end: int) -> str:
     return ""
 
 
-def _bad(view: memoryview, off: int, end: int, reason: str, fmt: int) -> ScanEnd:
+def _bad(view: memoryview, off: int, end: int, reason: str, fmt: int, committed: int) -> ScanEnd:
     """A scan met a bad or incomplete record at `off` (which would end at `end`)."""
     n = len(view)
     if fmt < 3:
         # A segment that only grows: a damaged record at the very end is what a crash in the middle of a write
         # leaves, a torn tail. Anything after it means the damage is not at the end.
         torn = end >= n
-        return ScanEnd(off, torn, not torn, reason, n - off)
+        return ScanEnd(off, torn, not torn, reason, n - off, committed)
     stop = nonzero_end(view, off)
     if stop == off:  # zeros from here on: the rest of a segment zero-filled in advance, not yet written
-        return ScanEnd(off, False, False, "", 0)
+        return ScanEnd(off, False, False, "", 0, committed)
     if _on_disk_before(view, off, stop):
-        return ScanEnd(off, False, True, f"{reason} (a later commit says it was already on disk)", stop - off)
-    return ScanEnd(off, True, False, reason, stop - off)
+        return ScanEnd(off, False, True, f"{reason} (a later commit says it was already on disk)", stop - off,
+                       committed)
+    return ScanEnd(off, True, False, reason, stop - off, committed)
+
+
+def last_end(end: ScanEnd, start: int, fmt: int) -> ScanEnd:
+    """How the *last* segment ends, as recovery cuts it (`end`: its scan from `start`). From format 3 every write is
+    one commit ending in its MARK, and nothing of a write counts until its MARK is there: the records after the last
+    intact MARK are what a crash cut short (the write's last pages never reached the disk, or its bad record ends
+    the scan), never confirmed to anyone, and they are cut with the rest. So a commit stands or falls whole: a
+    message is never kept without the DEDUP record of its id (a resend would be taken twice), nor a write's
+    dequeues without its enqueues. Earlier segments keep records after their last MARK (an older release's
+    recovery may have kept such a write before the journal moved on); a segment of format 2 has no MARKs."""
+    if fmt < 3 or end.damaged:
+        return end
+    committed = max(end.committed, start)
+    if committed >= end.good:
+        return end
+    stop = end.good + end.tail
+    what = f"the write from byte {committed} has no mark after it (a crash cut it short)"
+    reason = f"{end.reason}; cut from byte {committed}, where its write begins" if end.torn else what
+    return ScanEnd(committed, True, False, reason, stop - committed, committed)
 
 
 def nonzero_end(view: memoryview, off: int) -> int:

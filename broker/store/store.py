@@ -317,35 +317,52 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
     the image, the report, the segment numbers and the valid size of the last one (a torn tail beyond it is
     reported, not cut: the caller cuts when it writes again; 0: its header never reached the disk, the caller
     drops it). Raises JournalError for damage that is not a torn tail, or a newer format."""
-    image = Image(budget)
-    report = Recovered()
     try:
         numbers = segment_numbers(directory)
     except OSError as e:
         raise R.JournalError(f"journal: cannot list {directory}: {e.strerror or e}") from None
-    last_size = 0
+    image, report, last_size, replayed = _replay(directory, numbers, budget)
+    if replayed > last_size:
+        # The last segment's torn write held whole records, replayed as they were read (the replay cannot take
+        # them back): once more without them. Only after a crash in the middle of a write.
+        cut, reason = report.cut, report.cut_reason
+        image, report, last_size, _ = _replay(directory, numbers, budget, last_size)
+        report.cut, report.cut_reason = cut, reason
+    return image, report, numbers, last_size
+
+
+def _replay(directory: Path, numbers: list[int], budget: int,
+            limit: int | None = None) -> tuple[Image, Recovered, int, int]:
+    """`read_journal`'s replay (with `limit`, of the last segment's first `limit` bytes only); also returns how far
+    the last segment's records were replayed."""
+    image = Image(budget)
+    report = Recovered()
+    last_size = replayed = 0
     for i, n in enumerate(numbers):
         path = directory / segment_name(n)
         data = path.read_bytes()
-        unwritten = R.header_unwritten(data) if i == len(numbers) - 1 else ""
+        last = i == len(numbers) - 1
+        unwritten = R.header_unwritten(data) if last else ""
         if unwritten:
             report.cut, report.cut_reason, last_size = R.nonzero_end(memoryview(data), 0), unwritten, 0
             break
         image.segment = n
-        _, end = R.scan(data, R.HEADER.size, R.check_header(data, path.name), into=image)  # replayed as read
-        if end.damaged or (end.torn and i < len(numbers) - 1):  # what was replayed of it goes with the image
+        fmt = R.check_header(data, path.name)
+        view = memoryview(data)[:limit] if last and limit is not None else data
+        _, end = R.scan(view, R.HEADER.size, fmt, into=image)  # replayed as read
+        if end.damaged or (end.torn and not last):  # what was replayed of it goes with the image
             raise R.JournalError(
                 f"journal damaged in {path.name} at byte {end.good}: {end.reason}. Nothing was changed; to start "
                 f"anyway, cut it there (what follows is lost): ha-admin journal cut --data-dir DIR")
         report.segments += 1
-        if i == len(numbers) - 1:
+        if last:
+            replayed = end.good
+            end = R.last_end(end, R.HEADER.size, fmt)
             last_size = end.good
             if end.torn:
                 report.cut, report.cut_reason = end.tail, end.reason
     report.state = image.state
-    return image, report, numbers, last_size
-
-
+    return image, report, last_size, replayed
 class Store(Extension):
     def __init__(self, server: Server, directory: Path, segment_bytes: int = 64 * 1024 * 1024,
                  max_memory: int = 0, stall_halt: float = 0.0, min_disk_free: int = 0) -> None:
@@ -784,9 +801,8 @@ class Store(Extension):
         self.journal.append(R.dequeue(qid, lo, hi))
 
     def _journal_windows(self, whole: bool) -> None:
-        """The ids the pass added to duplicate windows (after the pass's messages: a torn tail may lose an id whose
-        message is kept - a resend is then taken twice - never keep an id whose message is lost); `whole`: every
-        window as it is (a checkpoint)."""
+        """The ids the pass added to duplicate windows (in the pass's write, after its messages: recovery keeps a
+        write whole or cuts it whole, `R.last_end`); `whole`: every window as it is (a checkpoint)."""
         for q, (generation, mark) in self.windowed.items():
             w, st = q.dedup, self.queues.get(q)
             if w is None or st is None:

@@ -138,6 +138,9 @@ def examine(number: int, data: bytes | memoryview, last: bool) -> SegmentReport:
         status = Verdict.NEWER if magic == R.MAGIC and fmt > R.FORMAT else Verdict.DAMAGED
         return SegmentReport(number, name, size, 0, status=status, reason=e.description.split(": ", 1)[-1])
     recs, end = R.scan(data, R.HEADER.size, fmt)
+    if last:  # a write without its MARK is cut whole (R.last_end): its records are not counted
+        end = R.last_end(end, R.HEADER.size, fmt)
+        recs = [rec for rec in recs if rec.offset < end.good]
     kinds: dict[str, int] = {}
     message_bytes = 0
     for rec in recs:
@@ -267,17 +270,20 @@ def report(ins: Inspection, plan: CutPlan | None = None) -> dict[str, Any]:
 
 # ----- files -----------------------------------------------------------------------------------------------------
 class _States:
-    """A replay that keeps only the last STATE document (the HA standing)."""
+    """A replay that keeps only the last STATE document (the HA standing) of a whole write (one its MARK ends)."""
 
     def __init__(self) -> None:
         self.state: dict[str, Any] | None = None
+        self.unmarked: dict[str, Any] | None = None  # read since the last MARK
 
     def enqueue(self, view: memoryview, at: int, end: int, offset: int) -> None:
         pass
 
     def record(self, rec: R.Record) -> None:
         if rec.kind == R.STATE:
-            self.state = rec.document()
+            self.unmarked = rec.document()
+        elif rec.kind == R.MARK and self.unmarked is not None:
+            self.state, self.unmarked = self.unmarked, None
 
 
 def last_state(directory: Path) -> dict[str, Any] | None:
@@ -285,12 +291,16 @@ def last_state(directory: Path) -> dict[str, Any] | None:
     that is down: its segments from the newest back until one has it (each segment's checkpoint has one). A torn
     tail ends a segment's reading, as the broker cuts it. Raises OSError or R.JournalError for a journal it cannot
     read."""
-    for n in reversed(segment_numbers(directory)):
+    numbers = segment_numbers(directory)
+    for n in reversed(numbers):
         data = (directory / segment_name(n)).read_bytes()
         if R.header_unwritten(data):
             continue
         states = _States()
-        R.scan(data, R.HEADER.size, R.check_header(data, segment_name(n)), into=states)
+        fmt = R.check_header(data, segment_name(n))
+        R.scan(data, R.HEADER.size, fmt, into=states)
+        if fmt < 3 or n != numbers[-1]:  # only the last segment's write without a MARK is cut (R.last_end)
+            states.state = states.unmarked or states.state
         if states.state is not None:
             return states.state
     return None

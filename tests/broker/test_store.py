@@ -169,6 +169,31 @@ def test_segments_are_zero_filled_in_advance_and_a_torn_commit_in_one_is_cut(bro
     assert drain(b.url, "z") == ["after"]
 
 
+def test_a_write_a_crash_cut_short_is_cut_whole_so_a_resend_is_taken_once(brokers: BrokerFactory) -> None:
+    """A crash (a power loss) can leave a write's first page on disk and not its last: the message kept, the DEDUP
+    record of its id and the write's MARK lost. Recovery kept the message and forgot its id, so the publisher's
+    resend (it never had the confirmation) was taken as new: two copies. A write now counts only with its MARK:
+    the message is cut with its id, and the resend is the only copy."""
+    b = brokers()
+    durable_queue(b, "orders", **{"duplicate-window": 1000})
+    for i in range(3):
+        send(b.url, "orders", [f"order-{i}"], id=f"id-{i}", durable=True)
+    b.kill()
+    last = segments(b)[-1]
+    recs, end = R.scan(memoryview(last.read_bytes()), R.HEADER.size)
+    marks = [r.offset for r in recs if r.kind == R.MARK]
+    write = [r for r in recs if r.offset > marks[-2]]  # the last write: the last message, its id, the MARK
+    assert [R.KINDS[r.kind] for r in write] == ["enqueue", "dedup", "mark"]
+    with last.open("r+b") as f:  # the page holding the id and the MARK never reached the disk
+        f.seek(write[1].offset)
+        f.write(bytes(end.good - write[1].offset))
+    b.start()
+    torn = [e for e in b.events(since_start=True) if e["event"] == "journal.torn_tail"]
+    assert torn and torn[0]["bytes"] == write[1].offset - write[0].offset  # the message's record, cut
+    send(b.url, "orders", ["order-2"], id="id-2", durable=True)  # the publisher's resend
+    assert drain(b.url, "orders") == ["order-0", "order-1", "order-2"]
+
+
 def test_a_prepared_segment_a_crash_took_before_its_header_was_synced_is_dropped(brokers: BrokerFactory) -> None:
     b = brokers()
     durable_queue(b, "h")

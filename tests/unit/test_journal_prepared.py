@@ -93,6 +93,45 @@ def test_a_commit_torn_with_later_pages_written_is_cut_with_everything_after_it(
     assert core.read_standing(str(tmp_path), "b1").position == 4
 
 
+def test_a_write_whose_mark_never_reached_the_disk_is_cut_whole(tmp_path: Path) -> None:
+    """c4's last page (its MARK) stayed zero: its records read as whole, then zeros, which looked like the clean end
+    of the segment, and c4's message and dequeue were kept though c4 was never confirmed. Nothing of a write counts
+    until its MARK is read."""
+    s, ends = four_commits()
+    data = bytes(s.data[: ends[3] - R.MARK_SIZE]) + bytes(100_000)
+    _, end = R.scan(data, R.HEADER.size)
+    assert (end.good, end.torn, end.committed) == (ends[3] - R.MARK_SIZE, False, ends[2])  # the scan's own view
+    end = R.last_end(end, R.HEADER.size, R.FORMAT)
+    assert (end.good, end.torn, end.damaged, end.tail) == (ends[2], True, False, ends[3] - R.MARK_SIZE - ends[2])
+    assert "no mark" in end.reason
+    assert recover(tmp_path, data) == ([1, 2, 3, 4, 5, 6], ends[3] - R.MARK_SIZE - ends[2])
+    assert core.read_standing(str(tmp_path), "b1").position == 6  # the agent does not count position 7 either
+    seg = T.examine(1, data, last=True)
+    assert seg.status is T.Verdict.TORN and seg.good == ends[2] and seg.kinds["enqueue"] == 6
+    assert T.examine(1, data, last=False).status is T.Verdict.CLEAN  # an earlier segment keeps them (older releases)
+
+
+def test_a_message_is_never_kept_without_the_dedup_record_of_its_id(tmp_path: Path) -> None:
+    """A pass's write holds its messages, then the ids they added to duplicate windows: a tear inside the ids kept
+    the message and lost its id (a resend was then taken twice). The write is cut whole: neither is kept."""
+    s, ends = four_commits()
+    ids = R.dedup(1, [(b"id-8", 1.0)], False)
+    e5 = s.commit(ends[3], msg(8), ids)
+    whole = bytes(s.data) + bytes(10_000)
+    d = tmp_path / "journal"
+    d.mkdir()
+    (d / segment_name(1)).write_bytes(whole)
+    image = read_journal(d)[0]
+    assert 8 in image.messages[1] and image.window(1) == [(b"id-8", 1.0)]
+    torn = bytearray(whole)
+    torn[e5 - R.MARK_SIZE - 3] ^= 0xFF  # the id's record fails its CRC
+    (d / segment_name(1)).write_bytes(bytes(torn))
+    image, report, _, size = read_journal(d)
+    assert 8 not in image.messages[1] and image.window(1) is None and size == ends[3]
+    assert report.cut == e5 - ends[3] and "where its write begins" in report.cut_reason
+    assert core.read_standing(str(tmp_path), "b1").position == 7
+
+
 def test_damage_a_later_commit_saw_on_disk_is_damage_not_a_tear(tmp_path: Path) -> None:
     s, _ = four_commits()
     data = bytearray(s.data) + bytes(100_000)

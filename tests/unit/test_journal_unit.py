@@ -88,14 +88,16 @@ def test_the_journal_writes_a_unit_over_the_rest_of_the_pass(tmp_path: Path) -> 
 def test_recovery_and_the_agent_keep_none_of_a_torn_commit(tmp_path: Path) -> None:
     journal = tmp_path / "journal"
     journal.mkdir()
-    (journal / segment_name(1)).write_bytes(R.header(1) + BEFORE + COMMIT[:-4])
+    before = BEFORE + R.mark(R.HEADER.size + len(BEFORE), 0)  # a write ends with its MARK
+    (journal / segment_name(1)).write_bytes(R.header(1) + before + COMMIT[:-4])
     image, report, _, size = read_journal(journal)
     # the bytes cut are those of the torn write up to its last one that is not zero (zeros after it are what a
     # segment zero-filled in advance holds anyway)
     assert sorted(image.messages[1]) == [1, 2] and report.cut == len(COMMIT[:-4].rstrip(b"\0"))
-    assert size == R.HEADER.size + len(BEFORE)
+    assert size == R.HEADER.size + len(before)
     assert core.read_standing(str(tmp_path), "b1").position == 2  # the agent scores what the broker recovers
-    (journal / segment_name(1)).write_bytes(R.header(1) + BEFORE + COMMIT)
+    (journal / segment_name(1)).write_bytes(R.header(1) + before + COMMIT + R.mark(R.HEADER.size + len(before)
+                                                                                   + len(COMMIT), 0))
     image, report, _, _ = read_journal(journal)
     assert sorted(image.messages[1]) == [2, 3, 4] and report.cut == 0
     assert core.read_standing(str(tmp_path), "b1").position == 4

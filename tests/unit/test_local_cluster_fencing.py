@@ -163,7 +163,8 @@ def _journal_with_list(data_dir: Path, view: ReadyView) -> None:
     (data_dir / "journal").mkdir(parents=True)
     state = {"epoch": view.epoch, "role": "primary", "state": "active", "ready_epoch": view.epoch,
              "view": view.to_json()}
-    (data_dir / "journal" / "00000001.jnl").write_bytes(R.header(1) + R.document(R.STATE, state))
+    data = R.header(1) + R.document(R.STATE, state)
+    (data_dir / "journal" / "00000001.jnl").write_bytes(data + R.mark(len(data), 0))  # a write ends in its MARK
 
 
 def ready(name: str, seq: int, position: int = 10) -> dict[str, Any]:

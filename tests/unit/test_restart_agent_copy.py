@@ -93,12 +93,17 @@ def segment(number: int, *records: bytes) -> bytes:
     return R.header(number) + b"".join(records)
 
 
+def marked(data: bytes, durable: int = 0) -> bytes:
+    """`data` ending in a MARK, as every write of the journal ends (what follows the last one is a torn write)."""
+    return data + R.mark(len(data), durable)
+
+
 def test_read_standing_reads_what_the_broker_journals(tmp_path: Path) -> None:
     journal = tmp_path / "journal"
     journal.mkdir()
     (tmp_path / "epoch").write_text("4\n")
     v = {"epoch": 3, "seq": 6, "primary": "b1", "ready": ["b2"]}
-    (journal / "00000001.jnl").write_bytes(segment(
+    (journal / "00000001.jnl").write_bytes(marked(segment(
         1,
         R.queue(1, "q", "u1", {}, 1),
         R.queue(2, "local", "u2", {"qpid.replicate": "none"}, 1),
@@ -106,13 +111,17 @@ def test_read_standing_reads_what_the_broker_journals(tmp_path: Path) -> None:
         R.enqueue(1, 2, 2, 1, 0, None, b"m2"),
         R.enqueue(2, 9, 2, 1, 0, None, b"not replicated"),
         R.document(R.STATE, {"epoch": 3, "role": "backup", "state": "ready", "ready_epoch": 3, "view": v}),
-    ))
+    )))
     # a newer segment starts with a checkpoint (queue 1 with its next position), then more messages, a torn tail
     torn = R.enqueue(1, 8, 2, 1, 0, None, b"torn")[:-2]
-    (journal / "00000002.jnl").write_bytes(segment(2, R.queue(1, "q", "u1", {}, 3), R.enqueue(1, 3, 2, 1, 0, None,
-                                                                                          b"m3"), torn))
+    whole = marked(segment(2, R.queue(1, "q", "u1", {}, 3), R.enqueue(1, 3, 2, 1, 0, None, b"m3")))
+    (journal / "00000002.jnl").write_bytes(whole + torn)
     s = core.read_standing(str(tmp_path), "b2")
     assert s == core.Standing("b2", 4, 3, 3, core.ReadyView(3, 6, "b1", frozenset({"b2"})))
+    # a write whose MARK never reached the disk counts for nothing, its intact records neither
+    (journal / "00000002.jnl").write_bytes(whole + R.enqueue(1, 4, 2, 1, 0, None, b"m4") + torn)
+    assert core.read_standing(str(tmp_path), "b2").position == 3
+    assert read_journal(journal)[3] == len(whole)  # the broker cuts it there too
 
 
 def test_read_standing_of_an_empty_data_dir_is_fresh(tmp_path: Path) -> None:
@@ -144,7 +153,7 @@ def test_read_standing_tells_damage_from_a_torn_tail_as_the_broker_does(tmp_path
     win). A bad record at the end with nothing on disk after it is a torn tail: read up to it, as before."""
     journal = tmp_path / "journal"
     journal.mkdir()
-    head = segment(1, R.queue(1, "q", "u1", {}, 1), R.enqueue(1, 1, 2, 1, 0, None, b"m1"))
+    head = marked(segment(1, R.queue(1, "q", "u1", {}, 1), R.enqueue(1, 1, 2, 1, 0, None, b"m1")))
     bad_at = len(head)
     damaged = bytearray(R.enqueue(1, 2, 2, 1, 0, None, b"m2"))
     damaged[-1] ^= 0xFF
@@ -175,9 +184,9 @@ def test_read_standing_goes_back_to_the_newest_whole_checkpoint(tmp_path: Path) 
     journal = tmp_path / "journal"
     journal.mkdir()
     v = {"epoch": 3, "seq": 6, "primary": "b1", "ready": ["b2"]}
-    (journal / "00000001.jnl").write_bytes(segment(
+    (journal / "00000001.jnl").write_bytes(marked(segment(
         1, R.document(R.STATE, {"epoch": 3, "role": "primary", "state": "active", "ready_epoch": 3, "view": v}),
-        R.queue(1, "q", "u1", {}, 1), R.enqueue(1, 1, 2, 1, 0, None, b"m1"), R.enqueue(1, 2, 2, 1, 0, None, b"m2")))
+        R.queue(1, "q", "u1", {}, 1), R.enqueue(1, 1, 2, 1, 0, None, b"m1"), R.enqueue(1, 2, 2, 1, 0, None, b"m2"))))
     (journal / "00000002.jnl").write_bytes(segment(2))
     (journal / "00000003.jnl").write_bytes(segment(3))
     s = core.read_standing(str(tmp_path), "b1")
