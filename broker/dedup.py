@@ -55,7 +55,7 @@ class DuplicateWindow:
     it). Times are whatever clock the caller uses (the broker passes `time.time()`); they must not go backwards by
     much: eviction by age takes from the front only."""
 
-    __slots__ = ("added", "count", "generation", "ids", "keys", "seconds", "times")
+    __slots__ = ("added", "count", "generation", "ids", "keys", "seconds", "times", "volatile")
 
     def __init__(self, count: int | None = None, seconds: float | None = None) -> None:
         if count is None and seconds is None:
@@ -71,6 +71,9 @@ class DuplicateWindow:
         self.times: deque[float] = deque()  # the time each of `keys` was added
         self.added = 0  # ids added since the window was made (or last `replace`d): `since` counts from it
         self.generation = 0  # bumped by `replace`: a reader of `since` starts over
+        # Ids whose messages are not durable and still queued: a journal leaves them out (after a restart their
+        # messages are gone, so a resend must be taken) until `settled` says the message went (broker.store)
+        self.volatile: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -87,7 +90,10 @@ class DuplicateWindow:
         n = 0
         while times and times[0] <= limit:
             times.popleft()
-            ids.discard(keys.popleft())
+            k = keys.popleft()
+            ids.discard(k)
+            if self.volatile:
+                self.volatile.discard(k)
             n += 1
         return n
 
@@ -100,9 +106,9 @@ class DuplicateWindow:
         self.expire(now)
         return k in self.ids
 
-    def add(self, k: bytes, now: float) -> bool:
-        """Take `k` at `now` (after `seen` said no). Returns False if it was in the window already (nothing
-        changes)."""
+    def add(self, k: bytes, now: float, volatile: bool = False) -> bool:
+        """Take `k` at `now` (after `seen` said no; `volatile`: its message is not durable). Returns False if it
+        was in the window already (nothing changes)."""
         self.expire(now)
         ids = self.ids
         if k in ids:
@@ -111,10 +117,23 @@ class DuplicateWindow:
         self.keys.append(k)
         self.times.append(now)
         self.added += 1
+        if volatile:
+            self.volatile.add(k)
         if self.count is not None and len(ids) > self.count:
-            ids.discard(self.keys.popleft())
+            old = self.keys.popleft()
+            ids.discard(old)
             self.times.popleft()
+            if self.volatile:
+                self.volatile.discard(old)
         return True
+
+    def settled(self, k: bytes) -> bool:
+        """The not durable message of `k` is gone from its queue (consumed, expired, moved): its id is kept from now
+        on like any other. True if a journal should now write it (it was left out and is still in the window)."""
+        if k not in self.volatile:
+            return False
+        self.volatile.discard(k)
+        return k in self.ids
 
     def forget(self, k: bytes) -> bool:
         """Take `k` out of the window: its message was not taken after all (its journal write failed and its
@@ -123,6 +142,7 @@ class DuplicateWindow:
         if k not in self.ids:
             return False
         self.ids.discard(k)
+        self.volatile.discard(k)
         keys = self.keys
         for i in range(len(keys) - 1, -1, -1):  # the newest first: a refused id is one of the last
             if keys[i] == k:
@@ -157,6 +177,7 @@ class DuplicateWindow:
         self.ids = set(keys)
         self.keys = deque(keys)
         self.times = deque(latest[k] for k in keys)
+        self.volatile &= self.ids  # (another broker's window says nothing of them: its ids count as durable)
         if now is not None:
             self.expire(now)
         self.added = len(self.keys)

@@ -15,7 +15,7 @@ from broker.errors import JournalRefusal, MemoryRefusal, NoRoute, QueueFull
 from broker.links import Completion, PublisherLink
 from broker.log import get_logger
 from broker.message import current_key, current_message_id, current_subject, current_to, decode
-from broker.queue import WINDOWED, Entry, Queue, take_back
+from broker.queue import DURABLE, WINDOWED, Entry, Queue, take_back
 
 if TYPE_CHECKING:
     from broker.connections import ConnectionState
@@ -212,7 +212,7 @@ class Router:
                 e = q.enqueue(data, priority, expires, durable, keys.get(q))
                 routed.append((q, e))
                 if mid is not None and q.dedup is not None:
-                    q.dedup.add(mid, now)
+                    q.dedup.add(mid, now, not e.flags & DURABLE)
                     e.flags |= WINDOWED  # replication tells the backups to take its id too (ha.core.batch)
                 if q in consumers:
                     self.server.dirty.add(q)

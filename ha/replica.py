@@ -21,7 +21,7 @@ from broker.engine import raw
 from broker.errors import BatchError, MalformedMessage
 from broker.log import get_logger
 from broker.message import current_message_id, decode
-from broker.queue import HELD, REDELIVERED, WINDOWED, DequeueReason, Entry, Queue
+from broker.queue import DURABLE, HELD, REDELIVERED, WINDOWED, DequeueReason, Entry, Queue
 from ha import protocol as P
 from ha.core import batch as B
 from ha.core.idset import PositionSet
@@ -222,7 +222,7 @@ class QueueReplicator:
             decode(body, trusted=True)
             k = id_key(current_message_id())
             if k is not None:
-                q.dedup.add(k, time.time())
+                q.dedup.add(k, time.time(), not e.flags & DURABLE)
 
     @staticmethod
     def _apply_state(q: Queue, r: B.Acquired | B.Released | B.Window) -> None:

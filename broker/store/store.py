@@ -36,10 +36,11 @@ from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from broker.dedup import key as id_key
 from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.message import last_value_key_of
+from broker.message import last_value_key_of, message_id_of
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
 from broker.queue import (
     DEAD,
@@ -413,6 +414,8 @@ class Store(Extension):
         self.readers: dict[int, int] = {}  # segment -> fd open for reading paged messages back
         self.windowed: dict[Queue, tuple[int, int]] = {}  # durable queues with a duplicate window: (generation,
         #                                                    added) of it as journaled
+        # ids of not durable messages (left out of the journal's windows) whose messages went this pass: written now
+        self.settled_ids: dict[Queue, list[tuple[bytes, float]]] = {}
         self.paged_out = 0  # messages paged out since start (stats)
         self.paged_in = 0
         # queue -> (monotonic) no paged message is read back into it before, after an I/O error reading its own
@@ -660,6 +663,8 @@ class Store(Extension):
                            entry.data))
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
+        if entry.flags & WINDOWED and not entry.flags & DURABLE:
+            self._settled(queue, entry)
         loc = entry.seg
         if not loc:
             return
@@ -674,6 +679,17 @@ class Store(Extension):
         st.live[seg] -= 1
         if entry.state == PAGED:  # dequeued while on disk only
             _count(st.paged, seg, -1)
+
+    def _settled(self, queue: Queue, entry: Entry) -> None:
+        """A not durable message whose id its queue's window took is gone: the id was left out of the journal (a
+        restart loses the message, so a resend must be taken); from now on it is kept over a restart like any other
+        (a resend would deliver the message twice)."""
+        w = queue.dedup
+        if w is None or not w.volatile:
+            return
+        k = id_key(message_id_of(entry.data))
+        if k is not None and w.settled(k):
+            self.settled_ids.setdefault(queue, []).append((k, time.time()))
 
     def reinstated(self, queue: Queue, entry: Entry) -> None:
         """Its dequeue, in a unit whose write failed, is void: its record on disk counts as live again. One whose
@@ -803,16 +819,26 @@ class Store(Extension):
     def _journal_windows(self, whole: bool) -> None:
         """The ids the pass added to duplicate windows (in the pass's write, after its messages: recovery keeps a
         write whole or cuts it whole, `R.last_end`); `whole`: every window as it is (a checkpoint)."""
+        settled, self.settled_ids = self.settled_ids, {}
         for q, (generation, mark) in self.windowed.items():
             w, st = q.dedup, self.queues.get(q)
             if w is None or st is None:
                 continue
-            if whole or w.generation != generation:
-                self.journal.append(R.dedup(st.qid, w.items(), True))
-            elif w.added != mark:
-                self.journal.append(R.dedup(st.qid, w.since(mark), False))
+            late = settled.get(q)
+            reset = whole or w.generation != generation
+            if reset:
+                items = w.items()  # (with the ids settled this pass)
+            elif w.added != mark or late:
+                items = w.since(mark)
+                if late:
+                    have = {k for k, _ in items}
+                    items += [(k, t) for k, t in late if k not in have]
             else:
                 continue
+            if w.volatile:  # ids of not durable messages still queued: not kept over a restart
+                items = [(k, t) for k, t in items if k not in w.volatile]
+            if items or reset:
+                self.journal.append(R.dedup(st.qid, items, reset))
             self.windowed[q] = (w.generation, w.added)
 
     def _commit(self) -> bool:

@@ -737,6 +737,24 @@ def test_the_resend_of_a_message_a_full_disk_refused_is_taken_by_a_duplicate_win
     assert [int(x.split("-")[0]) for x in got] == [*accepted, refused] and got[-1] == f"{refused}-again"
 
 
+def test_the_id_of_a_message_that_is_not_durable_outlives_a_restart_only_once_the_message_went(
+        brokers: BrokerFactory) -> None:
+    """A durable queue's duplicate window was journaled with every id it took: the id of a message that is not
+    durable came back after a restart and its message did not, so the publisher's resend (it never had the
+    confirmation) was confirmed and dropped as a duplicate of nothing: lost. Such an id is journaled only once its
+    message went (consumed here): a resend of that one would deliver it twice."""
+    b = brokers()
+    durable_queue(b, "orders", **{"duplicate-window": 1000})
+    send(b.url, "orders", ["consumed"], id="id-c", durable=False)
+    assert receive(b.url, "orders", 1) == ["consumed"]
+    send(b.url, "orders", ["kept"], id="id-k", durable=True)
+    send(b.url, "orders", ["volatile"], id="id-v", durable=False)
+    restart_after_kill(b)
+    for body, mid, durable in (("consumed", "id-c", False), ("kept", "id-k", True), ("volatile", "id-v", False)):
+        send(b.url, "orders", [body], id=mid, durable=durable)  # the publisher resends all three
+    assert drain(b.url, "orders") == ["kept", "volatile"]
+
+
 def test_a_failed_delivery_count_survives_a_restart_and_so_does_the_delivery_limit(brokers: BrokerFactory) -> None:
     """The count of failed deliveries was journaled only with the message's first record: after a restart a poison
     message started again from 0 (delivery-count 0 to its consumer, --delivery-limit counting anew)."""

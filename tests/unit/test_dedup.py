@@ -160,3 +160,55 @@ def test_a_forgotten_id_is_taken_again_and_a_reader_of_since_misses_nothing() ->
     assert w.since(after) == [(key(3) or b"", 9.0)]
     w.forget(key(1) or b"")  # from the middle
     assert [k for k, _ in w.items()] == [key(0), key(2), key(3)] and len(w) == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "add-volatile", "forget", "settled"]), st.sampled_from("abcdef")),
+                max_size=40), st.none() | st.integers(1, 4))
+def test_volatile_ids_are_ids_of_the_window_and_settle_once(ops: list[tuple[str, str]], count: int | None) -> None:
+    """Ids of messages that are not durable are marked (a journal leaves them out) for as long as they are in the
+    window; `settled` answers True once for each, when its message goes."""
+    w = DuplicateWindow(count=count or None, seconds=None if count else 100.0)
+    for t, (op, name) in enumerate(ops):
+        k = key(name)
+        assert k is not None
+        if op.startswith("add") and not w.seen(k, float(t)):
+            w.add(k, float(t), volatile=op == "add-volatile")
+        elif op == "forget":
+            w.forget(k)
+        elif op == "settled":
+            was = k in w.volatile
+            assert w.settled(k) == was and not w.settled(k) and k not in w.volatile
+        assert w.volatile <= w.ids
+
+
+def test_a_new_window_of_a_queue_keeps_which_ids_are_volatile() -> None:
+    """`update_options` with a new duplicate-window replaces the window with the old one's ids: the marks stay."""
+    from broker.options import QueueOptions
+    from broker.queue import Queue
+
+    q = Queue("q", {"duplicate-window": 10}, QueueOptions.from_arguments({"duplicate-window": 10}))
+    assert q.dedup is not None
+    q.dedup.add(b"Sa", 1.0, volatile=True)
+    q.dedup.add(b"Sb", 2.0)
+    q.update_options({"duplicate-window": 20}, QueueOptions.from_arguments({"duplicate-window": 20}))
+    assert q.dedup.count == 20 and q.dedup.volatile == {b"Sa"} and len(q.dedup) == 2
+
+
+def test_a_backup_marks_the_ids_of_replicated_messages_that_are_not_durable() -> None:
+    """A backup's window takes each replicated message's id as its primary's did, and its journal leaves out the
+    same ids (those of messages that are not durable), so that a whole-cluster restart that promotes it behaves the
+    same."""
+    from proton import Message
+
+    from broker.options import QueueOptions
+    from broker.queue import DURABLE, WINDOWED, Queue
+    from ha.replica import QueueReplicator
+
+    q = Queue("q", {"duplicate-window": 10}, QueueOptions.from_arguments({"durable": True, "duplicate-window": 10}))
+    assert q.dedup is not None
+    for pos, (mid, durable) in enumerate((("a", True), ("b", False)), 1):
+        body = bytes(Message(id=mid, body="x", durable=durable).encode())
+        flags = WINDOWED | (DURABLE if durable else 0)
+        QueueReplicator._apply_flags(q, q.enqueue_replica(pos, body, 4, flags, 0, None), flags, body)
+    assert q.dedup.ids == {key("a"), key("b")} and q.dedup.volatile == {key("b")}
