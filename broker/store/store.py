@@ -187,6 +187,7 @@ class Image:
         self.exchanges: dict[str, dict[str, Any]] = {}
         self.bindings: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.state: dict[str, Any] = {}
+        self.dequeued_top: dict[int, int] = {}  # qid -> the highest position a DEQUEUE record names (never reused)
         # qid -> the DEDUP payloads of its duplicate window since the last whole one (read at the end: every segment
         # starts with a whole window, and all but the last are replaced)
         self.window_parts: dict[int, list[bytes]] = {}
@@ -234,6 +235,8 @@ class Image:
         kind = rec.kind
         if kind == R.DEQUEUE:
             qid, lo, hi = rec.dequeue()
+            if hi > self.dequeued_top.get(qid, 0):
+                self.dequeued_top[qid] = hi
             msgs = self.messages.get(qid)
             if msgs:
                 gone = [msgs.pop(p, None) for p in range(lo, hi + 1)] if hi - lo < len(msgs) else \
@@ -293,6 +296,7 @@ class Image:
 
     def _forget(self, qid: int) -> None:
         self.window_parts.pop(qid, None)
+        self.dequeued_top.pop(qid, None)
         msgs = self.messages.pop(qid, None)
         if msgs:
             self.memory -= sum(len(m.data) + JOURNALED_ENTRY_COST for m in msgs.values())
@@ -477,7 +481,9 @@ class Store(Extension):
                 report.messages += index.count
                 report.paged += index.count
                 q.next_position = max(q.next_position, (index.last() or 0) + 1)  # (restore saw the kept ones)
-            q.next_position = max(q.next_position, int(doc.get("next", 1)))
+            # A message enqueued and consumed since the last checkpoint (its QUEUE record's `next`) left only its
+            # DEQUEUE record: its position is not taken again either.
+            q.next_position = max(q.next_position, int(doc.get("next", 1)), image.dequeued_top.get(qid, 0) + 1)
             window = image.window(qid)
             if window and q.dedup is not None:
                 q.dedup.replace(window, time.time())

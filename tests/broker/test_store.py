@@ -755,6 +755,20 @@ def test_the_id_of_a_message_that_is_not_durable_outlives_a_restart_only_once_th
     assert drain(b.url, "orders") == ["kept", "volatile"]
 
 
+def test_positions_of_messages_consumed_since_the_last_checkpoint_are_not_reused_after_a_restart(
+        brokers: BrokerFactory) -> None:
+    """A queue's next position came back from its last checkpoint and its messages still queued: those enqueued and
+    consumed since left only their DEQUEUE records, and their positions were given out again (a backup's catch-up
+    and the OCF agent's measure of the store assume they never are)."""
+    b = brokers()
+    durable_queue(b, "p")
+    send(b.url, "p", ["a", "b", "c"], durable=True)
+    assert receive(b.url, "p", 3) == ["a", "b", "c"]
+    restart_after_kill(b)
+    with mgmt(b.url) as m:
+        assert m.call("READ", "queue", "p").body["next-position"] == 4
+
+
 def test_a_failed_delivery_count_survives_a_restart_and_so_does_the_delivery_limit(brokers: BrokerFactory) -> None:
     """The count of failed deliveries was journaled only with the message's first record: after a restart a poison
     message started again from 0 (delivery-count 0 to its consumer, --delivery-limit counting anew)."""
