@@ -55,7 +55,7 @@ class DuplicateWindow:
     it). Times are whatever clock the caller uses (the broker passes `time.time()`); they must not go backwards by
     much: eviction by age takes from the front only."""
 
-    __slots__ = ("added", "count", "generation", "ids", "keys", "seconds", "times", "volatile")
+    __slots__ = ("added", "count", "generation", "ids", "keys", "seconds", "times", "volatile", "volatile_at")
 
     def __init__(self, count: int | None = None, seconds: float | None = None) -> None:
         if count is None and seconds is None:
@@ -71,9 +71,11 @@ class DuplicateWindow:
         self.times: deque[float] = deque()  # the time each of `keys` was added
         self.added = 0  # ids added since the window was made (or last `replace`d): `since` counts from it
         self.generation = 0  # bumped by `replace`: a reader of `since` starts over
-        # Ids whose messages are not durable and still queued: a journal leaves them out (after a restart their
-        # messages are gone, so a resend must be taken) until `settled` says the message went (broker.store)
-        self.volatile: set[bytes] = set()
+        # Ids whose messages are not durable and still queued, with the message's position and the id's time: a
+        # journal leaves them out (after a restart their messages are gone, so a resend must be taken) until
+        # `settled` says the message at that position went (broker.store)
+        self.volatile: dict[bytes, tuple[int, float]] = {}
+        self.volatile_at: dict[int, bytes] = {}  # position -> the id of `volatile` its message has
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -93,7 +95,7 @@ class DuplicateWindow:
             k = keys.popleft()
             ids.discard(k)
             if self.volatile:
-                self.volatile.discard(k)
+                self._unmark(k)
             n += 1
         return n
 
@@ -106,9 +108,9 @@ class DuplicateWindow:
         self.expire(now)
         return k in self.ids
 
-    def add(self, k: bytes, now: float, volatile: bool = False) -> bool:
-        """Take `k` at `now` (after `seen` said no; `volatile`: its message is not durable). Returns False if it
-        was in the window already (nothing changes)."""
+    def add(self, k: bytes, now: float, volatile_at: int = 0) -> bool:
+        """Take `k` at `now` (after `seen` said no; `volatile_at`: the position of its message when that is not
+        durable). Returns False if it was in the window already (nothing changes)."""
         self.expire(now)
         ids = self.ids
         if k in ids:
@@ -117,23 +119,42 @@ class DuplicateWindow:
         self.keys.append(k)
         self.times.append(now)
         self.added += 1
-        if volatile:
-            self.volatile.add(k)
+        if volatile_at:
+            self.volatile[k] = (volatile_at, now)
+            self.volatile_at[volatile_at] = k
         if self.count is not None and len(ids) > self.count:
             old = self.keys.popleft()
             ids.discard(old)
             self.times.popleft()
             if self.volatile:
-                self.volatile.discard(old)
+                self._unmark(old)
         return True
 
-    def settled(self, k: bytes) -> bool:
-        """The not durable message of `k` is gone from its queue (consumed, expired, moved): its id is kept from now
-        on like any other. True if a journal should now write it (it was left out and is still in the window)."""
-        if k not in self.volatile:
-            return False
-        self.volatile.discard(k)
-        return k in self.ids
+    def settled(self, position: int) -> tuple[bytes, float] | None:
+        """The message at `position` left its queue (consumed, expired, moved): if it was a not durable one whose id
+        is in the window, that id is kept from now on like any other, and returned with its time (for a journal to
+        write it now)."""
+        k = self.volatile_at.pop(position, None)
+        if k is None:
+            return None
+        return k, self.volatile.pop(k)[1]
+
+    def unsettle(self, k: bytes, position: int) -> None:
+        """The not durable message at `position`, whose id is `k`, is back on its queue (a commit undone): its id is
+        left out of a journal again (if it is still in the window)."""
+        if k not in self.ids or k in self.volatile:
+            return
+        keys = self.keys
+        for i in range(len(keys) - 1, -1, -1):
+            if keys[i] == k:
+                self.volatile[k] = (position, self.times[i])
+                self.volatile_at[position] = k
+                return
+
+    def _unmark(self, k: bytes) -> None:
+        mark = self.volatile.pop(k, None)
+        if mark is not None:
+            self.volatile_at.pop(mark[0], None)
 
     def forget(self, k: bytes) -> bool:
         """Take `k` out of the window: its message was not taken after all (its journal write failed and its
@@ -142,7 +163,8 @@ class DuplicateWindow:
         if k not in self.ids:
             return False
         self.ids.discard(k)
-        self.volatile.discard(k)
+        if self.volatile:
+            self._unmark(k)
         keys = self.keys
         for i in range(len(keys) - 1, -1, -1):  # the newest first: a refused id is one of the last
             if keys[i] == k:
@@ -177,8 +199,13 @@ class DuplicateWindow:
         self.ids = set(keys)
         self.keys = deque(keys)
         self.times = deque(latest[k] for k in keys)
-        self.volatile &= self.ids  # (another broker's window says nothing of them: its ids count as durable)
+        self.keep_marks(self)  # (another broker's window says nothing of them: its ids count as durable)
         if now is not None:
             self.expire(now)
         self.added = len(self.keys)
         self.generation += 1
+
+    def keep_marks(self, other: DuplicateWindow) -> None:
+        """Take `other`'s marks of volatile ids (for the ids in this window): a window that replaced it."""
+        self.volatile = {k: m for k, m in other.volatile.items() if k in self.ids}
+        self.volatile_at = {m[0]: k for k, m in self.volatile.items()}

@@ -179,9 +179,14 @@ _pn_aside = pn_message()  # for the id of a stored message read while another on
 def message_id_of(data: bytes) -> Any:
     """The `message-id` of stored message bytes (None if it has none or they do not decode), leaving the message
     decoded last as it is: a queue's observer may ask in the middle of a route (a ring pushing a message out)."""
-    if _decode(_pn_aside, data, len(data)) < 0:
+    msg = _pn_aside
+    if _decode(msg, data, len(data)) < 0:
         return None
-    return pn_message_get_id(_pn_aside)
+    mid = pn_message_get_id(msg)
+    if isinstance(mid, memoryview):  # a binary id points into the C message: copied before it is cleared
+        mid = bytes(mid)
+    lib.pn_message_clear(msg)  # (not kept alive: a message may be large)
+    return mid
 
 
 def current_subject() -> str | None:

@@ -1083,4 +1083,4 @@ class Queue:
             old, self.dedup = self.dedup, _window(options)
             if old is not None and self.dedup is not None:
                 self.dedup.replace(old.items())
-                self.dedup.volatile = old.volatile & self.dedup.ids
+                self.dedup.keep_marks(old)

@@ -30,8 +30,8 @@ Kinds (integers big-endian; names and arguments as UTF-8 JSON, wiring is rare):
 
 A UNIT record opens a pass's write that holds a committed transaction (the rest of that write: the commit's
 enqueues and dequeues, and whatever else the pass journaled). Recovery keeps all of it or, when a crash cut the write
-short or damaged a record in it, none of it: the torn tail is cut at the UNIT record, so a transaction the client
-never saw settle is never half on disk.
+short or damaged a record in it, none of it, so a transaction the client never saw settle is never half on disk. (In
+format 3 every write is whole or cut whole anyway, `last_end`; the UNIT's own check also covers format 2.)
 
 A queue is named by a number (`queue:u32`) given in its QUEUE record, so message records stay small. `next` in a
 QUEUE record is the queue's next position when it was written (positions are never reused, even after every message

@@ -32,7 +32,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -172,6 +172,7 @@ def _count(counts: dict[int, int], segment: int, n: int) -> None:
 _ENQ_UNPACK = R.ENQ.unpack_from
 _ENQ_HEAD = R.ENQ_HEAD
 _POSITION = attrgetter("position")
+_TIME = itemgetter(1)
 
 
 class Image:
@@ -289,6 +290,9 @@ class Image:
         if parts is None:
             return None
         ids = [item for p in parts for item in R.dedup_items(p)]
+        # In the order they were taken: the id of a message that was not durable is written when the message left
+        # its queue, with the time it was taken (nearly sorted: linear)
+        ids.sort(key=_TIME)
         cap = (self.queues.get(qid) or {}).get("arguments", {}).get("duplicate-window")
         if isinstance(cap, int) and len(ids) > cap:  # the window holds the last `cap` of them
             del ids[: len(ids) - cap]
@@ -331,6 +335,7 @@ def read_journal(directory: Path, budget: int = 0) -> tuple[Image, Recovered, li
         # The last segment's torn write held whole records, replayed as they were read (the replay cannot take
         # them back): once more without them. Only after a crash in the middle of a write.
         cut, reason = report.cut, report.cut_reason
+        del image, report  # (not two images at once: each may hold `budget` bytes of messages)
         image, report, last_size, _ = _replay(directory, numbers, budget, last_size)
         report.cut, report.cut_reason = cut, reason
     return image, report, numbers, last_size
@@ -358,7 +363,8 @@ def _replay(directory: Path, numbers: list[int], budget: int,
         if end.damaged or (end.torn and not last):  # what was replayed of it goes with the image
             raise R.JournalError(
                 f"journal damaged in {path.name} at byte {end.good}: {end.reason}. Nothing was changed; to start "
-                f"anyway, cut it there (what follows is lost): ha-admin journal cut --data-dir DIR")
+                f"anyway, cut it (from the start of its write; what follows is lost): ha-admin journal cut --data-dir "
+                f"DIR")
         report.segments += 1
         if last:
             replayed = end.good
@@ -368,6 +374,8 @@ def _replay(directory: Path, numbers: list[int], budget: int,
                 report.cut, report.cut_reason = end.tail, end.reason
     report.state = image.state
     return image, report, last_size, replayed
+
+
 class Store(Extension):
     def __init__(self, server: Server, directory: Path, segment_bytes: int = 64 * 1024 * 1024,
                  max_memory: int = 0, stall_halt: float = 0.0, min_disk_free: int = 0) -> None:
@@ -669,8 +677,14 @@ class Store(Extension):
                            entry.data))
 
     def dequeued(self, queue: Queue, entry: Entry, reason: DequeueReason) -> None:
-        if entry.flags & WINDOWED and not entry.flags & DURABLE:
-            self._settled(queue, entry)
+        w = queue.dedup
+        if w is not None and w.volatile:
+            # The id of a not durable message, left out of the journal while it was queued (a restart loses the
+            # message, so a resend must be taken): kept over a restart from now on (a resend would deliver it
+            # twice). By position: a paged message's stand-in has no body to read the id from.
+            settled = w.settled(entry.position)
+            if settled is not None:
+                self.settled_ids.setdefault(queue, []).append(settled)
         loc = entry.seg
         if not loc:
             return
@@ -686,21 +700,18 @@ class Store(Extension):
         if entry.state == PAGED:  # dequeued while on disk only
             _count(st.paged, seg, -1)
 
-    def _settled(self, queue: Queue, entry: Entry) -> None:
-        """A not durable message whose id its queue's window took is gone: the id was left out of the journal (a
-        restart loses the message, so a resend must be taken); from now on it is kept over a restart like any other
-        (a resend would deliver the message twice)."""
-        w = queue.dedup
-        if w is None or not w.volatile:
-            return
-        k = id_key(message_id_of(entry.data))
-        if k is not None and w.settled(k):
-            self.settled_ids.setdefault(queue, []).append((k, time.time()))
-
     def reinstated(self, queue: Queue, entry: Entry) -> None:
         """Its dequeue, in a unit whose write failed, is void: its record on disk counts as live again. One whose
         record was in that write too is written again once the journal can write (unless taken back meanwhile:
-        its publisher was refused)."""
+        its publisher was refused). A not durable one's id is left out of the journal again."""
+        w = queue.dedup
+        if w is not None and entry.flags & WINDOWED and not entry.flags & DURABLE:
+            k = id_key(message_id_of(entry.data))
+            if k is not None:
+                w.unsettle(k, entry.position)
+                late = self.settled_ids.get(queue)
+                if late:
+                    late[:] = [(x, t) for x, t in late if x != k]
         st = self.queues.get(queue)
         if st is None:
             return
@@ -1077,6 +1088,8 @@ class Store(Extension):
             for p in q.parked:
                 if not p.seg:
                     self.enqueued(q, p)
+        if self.windowed:  # whole: the ids of failed writes (those of messages that left their queue) with them
+            self._journal_windows(True)
         held, self.held_after = self.held_after, []
         self.after += held  # run once this write is on disk
         failures = self.failures

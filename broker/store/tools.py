@@ -140,22 +140,34 @@ def examine(number: int, data: bytes | memoryview, last: bool) -> SegmentReport:
     recs, end = R.scan(data, R.HEADER.size, fmt)
     if last:  # a write without its MARK is cut whole (R.last_end): its records are not counted
         end = R.last_end(end, R.HEADER.size, fmt)
-        recs = [rec for rec in recs if rec.offset < end.good]
+    damaged = end.damaged or (end.torn and not last)
+    good, tail = end.good, end.tail
+    if damaged and fmt >= 3:
+        # A cut at the bad record would leave the whole records before it in its write without their MARK, which
+        # the broker then cuts at its next start: the cut starts where that write begins.
+        good = max(end.committed, R.HEADER.size)
+        tail += end.good - good
+    kept = [rec for rec in recs if rec.offset < good]
     kinds: dict[str, int] = {}
     message_bytes = 0
-    for rec in recs:
+    for rec in kept:
         k = R.KINDS[rec.kind]
         kinds[k] = kinds.get(k, 0) + 1
         if rec.kind == R.ENQUEUE:
             message_bytes += len(rec.enqueue()[6])
     beyond: dict[str, int] = {}
-    if end.damaged or (end.torn and not last):
+    if damaged:
         status = Verdict.DAMAGED
         reason = end.reason + ("" if end.damaged else " (at the end of a segment that is not the last)")
+        if good < end.good:
+            reason += f"; cut from byte {good}, where the write holding it begins"
         beyond = _beyond(data, end.good)
+        for rec in recs[len(kept):]:  # the whole records of its write before it
+            k = R.KINDS[rec.kind]
+            beyond[k] = beyond.get(k, 0) + 1
     else:
         status, reason = (Verdict.TORN, end.reason) if end.torn else (Verdict.CLEAN, "")
-    return SegmentReport(number, name, size, end.good, kinds, message_bytes, status, reason, beyond, end.tail)
+    return SegmentReport(number, name, size, good, kinds, message_bytes, status, reason, beyond, tail)
 
 
 def _beyond(data: bytes | memoryview, bad: int) -> dict[str, int]:

@@ -202,3 +202,35 @@ def test_messages_held_by_an_open_transaction_count_and_are_refused_over_the_bou
     finally:
         c.close()
     assert numbers(take(b.url, "held", 50)) == list(range(1, 51))
+
+
+def test_the_ids_of_paged_messages_that_are_not_durable_outlive_a_restart_once_they_are_purged(
+        brokers: BrokerFactory) -> None:
+    """The id of a message that is not durable is journaled once the message leaves its queue. A purge takes paged
+    messages without reading them back (nothing to read an id from): the id is found by the message's position, or
+    it would never be journaled and a resend after a restart be taken though the window had dropped it before."""
+    b = brokers("--max-memory", "1M")
+    with mgmt(b.url) as m:
+        m.call("CREATE", "queue", "mixed", {"arguments": {"durable": True, "duplicate-window": 1000}})
+    fill(b.url, "mixed", 3000, durable=True, pad=PAD)  # about 3 MiB: paging
+    ids = [f"v-{i}" for i in range(200)]
+
+    def publish() -> None:
+        c = connect(b.url)
+        try:
+            s = c.create_sender("mixed")
+            for mid in ids:
+                s.send(Message(id=mid, body="x" * PAD))  # not durable: spilled behind the paged ones
+        finally:
+            c.close()
+
+    publish()
+    assert broker_attrs(b)["journal"]["paged"] > 2000 and queue_attrs(b, "mixed")["depth"] == 3200
+    with mgmt(b.url) as m:
+        assert m.call("PURGE", "queue", "mixed").body == {"purged": 3200, "depth": 0}
+    publish()  # resent before the restart: the window drops them
+    assert queue_attrs(b, "mixed")["depth"] == 0
+    b.kill()
+    b.start()
+    publish()  # and after it
+    assert queue_attrs(b, "mixed")["depth"] == 0

@@ -18,7 +18,7 @@ from broker.config import BrokerConfig
 from broker.errors import MessageRefused, QueueFull
 from broker.links import Completion
 from broker.options import QueueOptions
-from broker.queue import ACQUIRED, AVAILABLE, REDELIVERED, DequeueReason, Queue
+from broker.queue import ACQUIRED, AVAILABLE, REDELIVERED, DequeueReason, Entry, Queue
 from broker.server import Server
 from broker.store import journal as J
 from broker.store import records as R
@@ -428,3 +428,61 @@ def _texts(q: Queue) -> list[str]:
         m.decode(e.data)
         out.append(str(m.body))
     return out
+
+
+def _window_queue(s: Server) -> tuple[Queue, Entry, Entry]:
+    """A durable queue with a duplicate window holding a durable message "d" and one that is not durable, "v" (their
+    ids taken as the router takes them), both acquired by a consumer."""
+    from broker.dedup import key
+    from broker.queue import WINDOWED
+
+    q, _ = s.wiring.declare_queue("in", {"durable": True, "duplicate-window": 10})
+    assert q.dedup is not None
+    d = q.enqueue(bytes(Message(id="d", body="D", durable=True).encode()), durable=True)
+    v = q.enqueue(bytes(Message(id="v", body="V").encode()))
+    for e, k in ((d, key("d")), (v, key("v"))):
+        assert k is not None
+        q.dedup.add(k, time.time(), 0 if e is d else e.position)
+        e.flags |= WINDOWED
+    commit(s)
+    assert q.acquire_next() is d and q.acquire_next() is v
+    return q, d, v
+
+
+def _window_after_restart(s: Server, tmp_path: Path) -> list[bytes]:
+    _until_writable(s)  # (the probe writes every window whole)
+    close(s)
+    image, _, _, _ = read_journal(tmp_path / "journal")
+    (qid,) = [n for n, doc in image.queues.items() if doc["name"] == "in"]
+    return [k for k, _ in image.window(qid) or []]
+
+
+def test_a_not_durable_message_put_back_keeps_its_id_out_of_the_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The id of a message that is not durable is journaled once the message leaves its queue (a resend of a
+    delivered message must still be dropped after a restart). A commit that accepted it and was undone puts it
+    back: its id is left out again, or after a restart (the message gone with it) the resend would be dropped."""
+    s = journaled(tmp_path)
+    q, d, v = _window_queue(s)
+    assert q.dedup is not None
+    txn = _txn(s)
+    txn.taken += [Taken(None, q, d, ACCEPTED), Taken(None, q, v, ACCEPTED)]  # type: ignore[arg-type]
+    s.transactions.commit(txn, _answer(s))
+    assert v.position not in q.entries and not q.dedup.volatile  # consumed: its id is kept from now on
+    _fail_write(s, monkeypatch)
+    assert q.entries[v.position].data == v.data and set(q.dedup.volatile) == {b"Sv"}  # back, and so is the mark
+    assert _window_after_restart(s, tmp_path) == [b"Sd"]
+
+
+def test_the_id_of_a_consumed_message_is_journaled_though_the_write_of_its_pass_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that journals nothing (it accepted a message that is not durable) stands when its pass's write
+    fails; the id that write held goes with the window the probe writes whole."""
+    s = journaled(tmp_path)
+    q, _, v = _window_queue(s)
+    txn = _txn(s)
+    txn.taken.append(Taken(None, q, v, ACCEPTED))  # type: ignore[arg-type]
+    s.transactions.commit(txn, _answer(s))
+    _fail_write(s, monkeypatch)
+    assert v.position not in q.entries  # consumed for good
+    assert _window_after_restart(s, tmp_path) == [b"Sd", b"Sv"]

@@ -163,23 +163,38 @@ def test_a_forgotten_id_is_taken_again_and_a_reader_of_since_misses_nothing() ->
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "add-volatile", "forget", "settled"]), st.sampled_from("abcdef")),
+@given(st.lists(st.tuples(st.sampled_from(["add", "add-volatile", "forget", "settled"]), st.integers(1, 6)),
                 max_size=40), st.none() | st.integers(1, 4))
-def test_volatile_ids_are_ids_of_the_window_and_settle_once(ops: list[tuple[str, str]], count: int | None) -> None:
-    """Ids of messages that are not durable are marked (a journal leaves them out) for as long as they are in the
-    window; `settled` answers True once for each, when its message goes."""
+def test_volatile_ids_are_ids_of_the_window_and_settle_once(ops: list[tuple[str, int]], count: int | None) -> None:
+    """Ids of messages that are not durable are marked, with their message's position (a journal leaves them out),
+    for as long as they are in the window; `settled(position)` gives each back once, when its message goes."""
     w = DuplicateWindow(count=count or None, seconds=None if count else 100.0)
-    for t, (op, name) in enumerate(ops):
-        k = key(name)
+    position = 0
+    for t, (op, n) in enumerate(ops):
+        k = key(f"id-{n}")
         assert k is not None
         if op.startswith("add") and not w.seen(k, float(t)):
-            w.add(k, float(t), volatile=op == "add-volatile")
+            position += 1
+            w.add(k, float(t), volatile_at=position if op == "add-volatile" else 0)
         elif op == "forget":
             w.forget(k)
-        elif op == "settled":
-            was = k in w.volatile
-            assert w.settled(k) == was and not w.settled(k) and k not in w.volatile
-        assert w.volatile <= w.ids
+        elif op == "settled" and k in w.volatile:
+            at, when = w.volatile[k]
+            assert w.settled(at) == (k, when) and w.settled(at) is None and k not in w.volatile
+        assert set(w.volatile) <= w.ids
+        assert {at: k for k, (at, _) in w.volatile.items()} == w.volatile_at
+
+
+def test_an_id_put_back_on_its_queue_is_volatile_again_with_its_time() -> None:
+    w = DuplicateWindow(count=5)
+    w.add(b"Sa", 1.0, volatile_at=1)
+    w.add(b"Sb", 2.0)
+    assert w.settled(1) == (b"Sa", 1.0) and not w.volatile
+    w.unsettle(b"Sa", 1)  # the commit that consumed it was undone
+    assert w.volatile == {b"Sa": (1, 1.0)} and w.volatile_at == {1: b"Sa"}
+    w.forget(b"Sa")
+    w.unsettle(b"Sa", 1)  # no longer in the window: nothing to mark
+    assert not w.volatile and not w.volatile_at
 
 
 def test_a_new_window_of_a_queue_keeps_which_ids_are_volatile() -> None:
@@ -189,10 +204,11 @@ def test_a_new_window_of_a_queue_keeps_which_ids_are_volatile() -> None:
 
     q = Queue("q", {"duplicate-window": 10}, QueueOptions.from_arguments({"duplicate-window": 10}))
     assert q.dedup is not None
-    q.dedup.add(b"Sa", 1.0, volatile=True)
+    q.dedup.add(b"Sa", 1.0, volatile_at=1)
     q.dedup.add(b"Sb", 2.0)
     q.update_options({"duplicate-window": 20}, QueueOptions.from_arguments({"duplicate-window": 20}))
-    assert q.dedup.count == 20 and q.dedup.volatile == {b"Sa"} and len(q.dedup) == 2
+    assert q.dedup.count == 20 and q.dedup.volatile == {b"Sa": (1, 1.0)} and q.dedup.volatile_at == {1: b"Sa"}
+    assert len(q.dedup) == 2
 
 
 def test_a_backup_marks_the_ids_of_replicated_messages_that_are_not_durable() -> None:
@@ -211,4 +227,5 @@ def test_a_backup_marks_the_ids_of_replicated_messages_that_are_not_durable() ->
         body = bytes(Message(id=mid, body="x", durable=durable).encode())
         flags = WINDOWED | (DURABLE if durable else 0)
         QueueReplicator._apply_flags(q, q.enqueue_replica(pos, body, 4, flags, 0, None), flags, body)
-    assert q.dedup.ids == {key("a"), key("b")} and q.dedup.volatile == {key("b")}
+    assert q.dedup.ids == {key("a"), key("b")} and set(q.dedup.volatile) == {key("b")}
+    assert q.dedup.volatile_at == {2: key("b")}

@@ -143,6 +143,42 @@ def test_damage_a_later_commit_saw_on_disk_is_damage_not_a_tear(tmp_path: Path) 
         recover(tmp_path, bytes(data))
 
 
+def test_a_cut_for_damage_starts_where_the_damaged_write_begins(tmp_path: Path) -> None:
+    """A cut at the bad record left the whole records before it in its write without their MARK; the segment, now
+    the last, lost them at the broker's next start (a torn tail that `check` had not announced). The cut starts
+    where that write begins, and the broker recovers what `check` said it would."""
+    s, ends = four_commits()
+    data = bytearray(s.data) + bytes(10_000)
+    bad = s.starts[1] + len(msg(3))  # message 4, the second record of c2, which c3's MARK says was on disk
+    data[bad + 12] ^= 0xFF
+    d = tmp_path / "journal"
+    d.mkdir()
+    (d / segment_name(1)).write_bytes(bytes(data))
+    ins = T.inspect(d)
+    plan = T.plan_cut(ins.segments, ins.problem)
+    assert ins.verdict is T.Verdict.DAMAGED and plan is not None and plan.at == ends[0]
+    assert plan.lost_kinds == {"enqueue": 4, "mark": 3, "dequeue": 1}  # 3 (before the bad one), 5, 6, 7
+    assert "where the write holding it begins" in plan.reason
+    T.apply_cut(d, plan, "20260101T000000Z")
+    image, report, _, _ = read_journal(d)
+    assert report.cut == 0 and sorted(image.messages[1]) == [1, 2]
+    assert T.inspect(d).verdict is T.Verdict.CLEAN
+
+
+def test_the_standing_of_a_stopped_broker_is_that_of_its_last_whole_write(tmp_path: Path) -> None:
+    """`ha-admin` reads the HA standing of a broker that is down from its journal: a STATE record in a write whose
+    MARK never reached the disk is cut by the broker, and not read as its standing either."""
+    s = Segment()
+    s.commit(0, QUEUE, R.document(R.STATE, {"epoch": 3, "role": "primary"}))
+    torn = R.document(R.STATE, {"epoch": 4, "role": "primary"})
+    d = tmp_path / "journal"
+    d.mkdir()
+    (d / segment_name(1)).write_bytes(bytes(s.data) + torn + bytes(1000))
+    assert T.last_state(d) == {"epoch": 3, "role": "primary"}
+    (d / segment_name(1)).write_bytes(bytes(s.data) + torn + R.mark(len(s.data) + len(torn), 0))
+    assert T.last_state(d) == {"epoch": 4, "role": "primary"}
+
+
 def test_damage_in_the_last_commits_no_sync_covered_reads_as_a_tear() -> None:
     s, ends = four_commits()
     data = bytearray(s.data)

@@ -183,7 +183,8 @@ def test_ready_view_of_a_membership_and_its_journaled_form() -> None:
 # the whole standing in each record; its messages as ("msg", position, id), and a catch-up as ("log", {position: id})
 # (the backup now holds the primary's messages). A journal has a synced part (the primary syncs before it confirms,
 # or before it settles without a dropped backup; a backup before it acknowledges); a crash keeps the synced part and
-# any prefix of the rest.
+# any prefix of the rest. A record here is one write of the journal (what one event journals in a pass), which
+# recovery keeps whole or cuts whole.
 
 
 @dataclass
@@ -318,10 +319,13 @@ class Cluster:
             self.new_list()
         elif kind == "deliver" and b is not None:
             v = self.pending[b.name].pop(0)
-            b.record(v=v)  # HaNode.set_membership
             if b.name in v.ready and b.state == "catchup":  # Backup._membership: caught up
+                # HaNode.set_membership, then the state change, in the same pass: one write, whole or cut whole
+                # (broker/store/records.py last_end), so one record here
                 b.state = "ready"
-                b.record(ready_epoch=self.epoch)
+                b.record(ready_epoch=self.epoch, v=v)
+            else:
+                b.record(v=v)  # HaNode.set_membership
         elif kind == "drop" and b is not None:
             self.ready.discard(b.name)
             b.attached, b.has_log = False, False
