@@ -52,8 +52,9 @@ class DuplicateWindow:
     """The ids a queue took recently: at most `count` of them (None: no bound), none older than `seconds`.
 
     `seen` tells whether an id is in the window now; `add` puts a new one at the back (a no-op for an id already in
-    it). Times are whatever clock the caller uses (the broker passes `time.time()`); they must not go backwards by
-    much: eviction by age takes from the front only."""
+    it). Times are whatever clock the caller uses (the broker passes `time.time()`); an id is never given a time
+    before the last one's (a clock stepped back, a window taken from another broker's), so that times follow the
+    window's order: eviction by age takes from the front, and a journal's recovery sorts by time."""
 
     __slots__ = ("added", "count", "generation", "ids", "keys", "seconds", "times", "volatile", "volatile_at")
 
@@ -115,9 +116,13 @@ class DuplicateWindow:
         ids = self.ids
         if k in ids:
             return False
+        times = self.times
+        if times and now < times[-1]:
+            now = times[-1]  # never before the id taken last: a window's times follow its order (a journal's
+            #                 recovery puts ids back in time order), whatever the clock or another broker's did
         ids.add(k)
         self.keys.append(k)
-        self.times.append(now)
+        times.append(now)
         self.added += 1
         if volatile_at:
             self.volatile[k] = (volatile_at, now)
@@ -139,17 +144,12 @@ class DuplicateWindow:
             return None
         return k, self.volatile.pop(k)[1]
 
-    def unsettle(self, k: bytes, position: int) -> None:
-        """The not durable message at `position`, whose id is `k`, is back on its queue (a commit undone): its id is
-        left out of a journal again (if it is still in the window)."""
-        if k not in self.ids or k in self.volatile:
-            return
-        keys = self.keys
-        for i in range(len(keys) - 1, -1, -1):
-            if keys[i] == k:
-                self.volatile[k] = (position, self.times[i])
-                self.volatile_at[position] = k
-                return
+    def unsettle(self, k: bytes, position: int, t: float) -> None:
+        """The not durable message at `position` that `settled` gave `k` and `t` for is back on its queue (a commit
+        undone): its id is left out of a journal again (if it is still in the window)."""
+        if k in self.ids and k not in self.volatile:
+            self.volatile[k] = (position, t)
+            self.volatile_at[position] = k
 
     def _unmark(self, k: bytes) -> None:
         mark = self.volatile.pop(k, None)

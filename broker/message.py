@@ -31,7 +31,7 @@ from broker.errors import MalformedMessage
 
 __all__ = ["MalformedMessage", "Meta", "check_framing", "current_message_id", "current_properties", "current_subject",
            "current_to",
-           "decode", "message_id_of", "subject_of", "with_delivery_header"]
+           "decode", "subject_of", "with_delivery_header"]
 
 
 class Meta(NamedTuple):
@@ -171,22 +171,6 @@ def current_to() -> str | None:
 def current_message_id() -> Any:
     """The `message-id` of the message decoded last (None, int, str, bytes or UUID)."""
     return pn_message_get_id(_pn_msg)
-
-
-_pn_aside = pn_message()  # for the id of a stored message read while another one is being routed
-
-
-def message_id_of(data: bytes) -> Any:
-    """The `message-id` of stored message bytes (None if it has none or they do not decode), leaving the message
-    decoded last as it is: a queue's observer may ask in the middle of a route (a ring pushing a message out)."""
-    msg = _pn_aside
-    if _decode(msg, data, len(data)) < 0:
-        return None
-    mid = pn_message_get_id(msg)
-    if isinstance(mid, memoryview):  # a binary id points into the C message: copied before it is cleared
-        mid = bytes(mid)
-    lib.pn_message_clear(msg)  # (not kept alive: a message may be large)
-    return mid
 
 
 def current_subject() -> str | None:

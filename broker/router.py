@@ -212,7 +212,8 @@ class Router:
                 e = q.enqueue(data, priority, expires, durable, keys.get(q))
                 routed.append((q, e))
                 if mid is not None and q.dedup is not None:
-                    q.dedup.add(mid, now, 0 if e.flags & DURABLE else e.position)
+                    # (a not durable message on a durable queue: its id is journaled once it went, broker.store)
+                    q.dedup.add(mid, now, 0 if e.flags & DURABLE or not q.options.durable else e.position)
                     e.flags |= WINDOWED  # replication tells the backups to take its id too (ha.core.batch)
                 if q in consumers:
                     self.server.dirty.add(q)

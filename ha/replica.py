@@ -222,7 +222,7 @@ class QueueReplicator:
             decode(body, trusted=True)
             k = id_key(current_message_id())
             if k is not None:
-                q.dedup.add(k, time.time(), 0 if e.flags & DURABLE else e.position)
+                q.dedup.add(k, time.time(), 0 if e.flags & DURABLE or not q.options.durable else e.position)
 
     @staticmethod
     def _apply_state(q: Queue, r: B.Acquired | B.Released | B.Window) -> None:

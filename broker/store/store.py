@@ -36,11 +36,10 @@ from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from broker.dedup import key as id_key
 from broker.errors import BrokerError
 from broker.extension import Extension
 from broker.log import get_logger
-from broker.message import last_value_key_of, message_id_of
+from broker.message import last_value_key_of
 from broker.paging import LOW_WATER, PAGEABLE_SHARE, PAGED_COST, Paged, PageIndex
 from broker.queue import (
     DEAD,
@@ -428,6 +427,11 @@ class Store(Extension):
         #                                                    added) of it as journaled
         # ids of not durable messages (left out of the journal's windows) whose messages went this pass: written now
         self.settled_ids: dict[Queue, list[tuple[bytes, float]]] = {}
+        self.settled_at: dict[tuple[Queue, int], tuple[bytes, float]] = {}  # the same by position (a commit undone)
+        # What the windows' records of writes not yet made held: restored when the write fails (DEDUP records are
+        # not carried), so that the next one writes those ids again: (generation, added) marks, settled ids.
+        self.unwritten_marks: dict[Queue, tuple[int, int]] = {}
+        self.unwritten_settled: dict[Queue, list[tuple[bytes, float]]] = {}
         self.paged_out = 0  # messages paged out since start (stats)
         self.paged_in = 0
         # queue -> (monotonic) no paged message is read back into it before, after an I/O error reading its own
@@ -685,6 +689,7 @@ class Store(Extension):
             settled = w.settled(entry.position)
             if settled is not None:
                 self.settled_ids.setdefault(queue, []).append(settled)
+                self.settled_at[(queue, entry.position)] = settled
         loc = entry.seg
         if not loc:
             return
@@ -705,13 +710,13 @@ class Store(Extension):
         record was in that write too is written again once the journal can write (unless taken back meanwhile:
         its publisher was refused). A not durable one's id is left out of the journal again."""
         w = queue.dedup
-        if w is not None and entry.flags & WINDOWED and not entry.flags & DURABLE:
-            k = id_key(message_id_of(entry.data))
-            if k is not None:
-                w.unsettle(k, entry.position)
-                late = self.settled_ids.get(queue)
+        settled = self.settled_at.pop((queue, entry.position), None)
+        if settled is not None and w is not None:
+            k, t = settled
+            w.unsettle(k, entry.position, t)
+            for late in (self.settled_ids.get(queue), self.unwritten_settled.get(queue)):
                 if late:
-                    late[:] = [(x, t) for x, t in late if x != k]
+                    late[:] = [x for x in late if x[0] != k]
         st = self.queues.get(queue)
         if st is None:
             return
@@ -780,7 +785,7 @@ class Store(Extension):
 
     # ----- once per pass -------------------------------------------------------------------------------------------
     def end_of_pass(self) -> bool:
-        if self.windowed:
+        if self.windowed or self.settled_ids:
             self._journal_windows(False)
         self._flush_dequeues()
         wrote = self._commit()
@@ -856,11 +861,20 @@ class Store(Extension):
                 items = [(k, t) for k, t in items if k not in w.volatile]
             if items or reset:
                 self.journal.append(R.dedup(st.qid, items, reset))
+            self.unwritten_marks.setdefault(q, (generation, mark))
+            if late:
+                self.unwritten_settled.setdefault(q, []).extend(late)
             self.windowed[q] = (w.generation, w.added)
 
     def _commit(self) -> bool:
         """Write what the pass journaled; True if anything was written (the server then goes round once more, so
         that whatever the rest of the pass journals is written in it too)."""
+        try:
+            return self._write_pass()
+        finally:
+            self.settled_at.clear()  # (only a commit undone by this write's failure looks them up)
+
+    def _write_pass(self) -> bool:
         waiting, after = self.waiting, self.after
         journaled, self.journaled = self.journaled, []
         rejournaled, self.rejournaled = self.rejournaled, []
@@ -882,6 +896,8 @@ class Store(Extension):
             self.unwritten += [(q, m) for q, m in kept if q.entries.get(m.position) is m and not m.flags & PARKED]
             self.held_after += after  # not on disk: they wait for the write that finds the journal writable
             return False
+        self.unwritten_marks.clear()
+        self.unwritten_settled.clear()
         if not self._hold(waiting, after):  # nothing written, or written synchronously
             for c in waiting:
                 c.release()
@@ -890,6 +906,19 @@ class Store(Extension):
             return False
         self._take_sync_error()
         return ticket is not None
+
+    def _rewrite_windows(self) -> None:
+        """A write failed, with the windows' records of every pass since the last write that succeeded: the next
+        one writes their ids again (DEDUP records are not carried: a refused message's id must leave the window,
+        and `forget` has taken it out already)."""
+        for q, mark in self.unwritten_marks.items():
+            if q in self.windowed:
+                self.windowed[q] = mark
+        for q, items in self.unwritten_settled.items():
+            if q in self.windowed:
+                self.settled_ids[q] = items + self.settled_ids.get(q, [])
+        self.unwritten_marks.clear()
+        self.unwritten_settled.clear()
 
     def _hold(self, waiting: list[Completion], after: list[Callable[[], None]]) -> bool:
         """Hold them until every write made so far is on disk (a compaction's or a roll-over's too, which no ticket
@@ -974,6 +1003,7 @@ class Store(Extension):
     def _fail(self, reason: str, completions: list[Completion]) -> None:
         """Durable work cannot be journaled: refuse what was waiting, refuse new durable messages until a write
         succeeds again (probed every second)."""
+        self._rewrite_windows()  # (a roll-over's checkpoint too)
         for c in completions:
             c.fail("amqp:resource-limit-exceeded", reason)
         if self.failed is None:
@@ -1088,8 +1118,6 @@ class Store(Extension):
             for p in q.parked:
                 if not p.seg:
                     self.enqueued(q, p)
-        if self.windowed:  # whole: the ids of failed writes (those of messages that left their queue) with them
-            self._journal_windows(True)
         held, self.held_after = self.held_after, []
         self.after += held  # run once this write is on disk
         failures = self.failures

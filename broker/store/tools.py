@@ -230,7 +230,8 @@ def summarise(image: Image) -> dict[str, Any]:
         first, last = (min(sizes), max(sizes)) if sizes else (None, None)
         queues.append({
             "name": doc.get("name"), "id": qid, "messages": len(sizes), "bytes": sum(sizes.values()),
-            "first": first, "last": last, "next": max(int(doc.get("next", 1)), (last or 0) + 1),
+            "first": first, "last": last, "next": max(int(doc.get("next", 1)), (last or 0) + 1,
+                                                        image.dequeued_top.get(qid, 0) + 1),
             "arguments": doc.get("arguments") or {},
         })
     queues.sort(key=lambda q: str(q["name"]))

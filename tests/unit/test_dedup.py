@@ -190,11 +190,21 @@ def test_an_id_put_back_on_its_queue_is_volatile_again_with_its_time() -> None:
     w.add(b"Sa", 1.0, volatile_at=1)
     w.add(b"Sb", 2.0)
     assert w.settled(1) == (b"Sa", 1.0) and not w.volatile
-    w.unsettle(b"Sa", 1)  # the commit that consumed it was undone
+    w.unsettle(b"Sa", 1, 1.0)  # the commit that consumed it was undone
     assert w.volatile == {b"Sa": (1, 1.0)} and w.volatile_at == {1: b"Sa"}
     w.forget(b"Sa")
-    w.unsettle(b"Sa", 1)  # no longer in the window: nothing to mark
+    w.unsettle(b"Sa", 1, 1.0)  # no longer in the window: nothing to mark
     assert not w.volatile and not w.volatile_at
+
+
+def test_an_id_is_never_given_a_time_before_the_last_ones() -> None:
+    """A clock stepped back (or a window taken from another broker whose clock is ahead): the id gets the time of
+    the one before it, so that times follow the window's order (a journal's recovery sorts by time)."""
+    w = DuplicateWindow(count=5)
+    w.replace([(b"Sa", 100.0), (b"Sb", 102.0)])
+    w.add(b"Sc", 93.0)
+    w.add(b"Sd", 103.0)
+    assert w.items() == [(b"Sa", 100.0), (b"Sb", 102.0), (b"Sc", 102.0), (b"Sd", 103.0)]
 
 
 def test_a_new_window_of_a_queue_keeps_which_ids_are_volatile() -> None:
