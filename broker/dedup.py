@@ -144,7 +144,7 @@ class DuplicateWindow:
             return None
         return k, self.volatile.pop(k)[1]
 
-    def unsettle(self, k: bytes, position: int, t: float) -> None:
+    def unsettle(self, k: bytes, t: float, position: int) -> None:
         """The not durable message at `position` that `settled` gave `k` and `t` for is back on its queue (a commit
         undone): its id is left out of a journal again (if it is still in the window)."""
         if k in self.ids and k not in self.volatile:

@@ -290,8 +290,14 @@ class Image:
             return None
         ids = [item for p in parts for item in R.dedup_items(p)]
         # In the order they were taken: the id of a message that was not durable is written when the message left
-        # its queue, with the time it was taken (nearly sorted: linear)
+        # its queue, with the time it was taken (nearly sorted: linear). An id written twice (a write that failed
+        # written again, an id taken again after it left) counts once, at its later time, before the cap.
         ids.sort(key=_TIME)
+        latest: dict[bytes, float] = {}
+        for k, t in ids:
+            latest.pop(k, None)
+            latest[k] = t
+        ids = list(latest.items())
         cap = (self.queues.get(qid) or {}).get("arguments", {}).get("duplicate-window")
         if isinstance(cap, int) and len(ids) > cap:  # the window holds the last `cap` of them
             del ids[: len(ids) - cap]
@@ -712,11 +718,7 @@ class Store(Extension):
         w = queue.dedup
         settled = self.settled_at.pop((queue, entry.position), None)
         if settled is not None and w is not None:
-            k, t = settled
-            w.unsettle(k, entry.position, t)
-            for late in (self.settled_ids.get(queue), self.unwritten_settled.get(queue)):
-                if late:
-                    late[:] = [x for x in late if x[0] != k]
+            w.unsettle(*settled, entry.position)  # (still in `settled_ids`: volatile again, the write leaves it out)
         st = self.queues.get(queue)
         if st is None:
             return
@@ -1141,6 +1143,11 @@ class Store(Extension):
         except SyncFailed as e:  # what was written since the last good fdatasync is not known on disk
             self._sync_failed(e.ticket, e.error)
             raise
+        except BrokerError:
+            self._rewrite_windows()  # (a probe's roll-over fails without `_fail`)
+            raise
+        self.unwritten_marks.clear()  # every window whole in the checkpoint, on disk
+        self.unwritten_settled.clear()
         self._synced(self.journal.synced)
         self._tidy()
 

@@ -486,3 +486,31 @@ def test_the_id_of_a_consumed_message_is_journaled_though_the_write_of_its_pass_
     _fail_write(s, monkeypatch)
     assert v.position not in q.entries  # consumed for good
     assert _window_after_restart(s, tmp_path) == [b"Sd", b"Sv"]
+
+
+def test_ids_of_a_failed_write_are_written_again_after_a_roll_over_that_failed_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe that finds the journal writable may start a new segment first; when that roll-over's checkpoint
+    fails too, the ids its windows held (and those of the failed write before it) are written with the next write,
+    not lost with the checkpoint."""
+    s = journaled(tmp_path)
+    assert s.store is not None
+    q, _, v = _window_queue(s)
+    txn = _txn(s)
+    txn.taken.append(Taken(None, q, v, ACCEPTED))  # type: ignore[arg-type]
+    s.transactions.commit(txn, _answer(s))
+    _fail_write(s, monkeypatch)  # the settled id's write fails
+    real = J._write_all
+
+    def enospc(fd: int, data: bytes, size_before: int) -> None:  # room for a segment's header, not a checkpoint
+        if len(data) > R.HEADER.size:
+            raise R.JournalError("journal: simulated ENOSPC")
+        real(fd, data, size_before)
+
+    monkeypatch.setattr(J, "_write_all", enospc)
+    monkeypatch.setattr(s.store.journal, "full", lambda: True)
+    s.store._retry()  # the probe's roll-over: its checkpoint fails as well
+    monkeypatch.setattr(J, "_write_all", real)
+    monkeypatch.undo()
+    assert s.store.failed is not None
+    assert _window_after_restart(s, tmp_path) == [b"Sd", b"Sv"]

@@ -190,10 +190,10 @@ def test_an_id_put_back_on_its_queue_is_volatile_again_with_its_time() -> None:
     w.add(b"Sa", 1.0, volatile_at=1)
     w.add(b"Sb", 2.0)
     assert w.settled(1) == (b"Sa", 1.0) and not w.volatile
-    w.unsettle(b"Sa", 1, 1.0)  # the commit that consumed it was undone
+    w.unsettle(b"Sa", 1.0, 1)  # the commit that consumed it was undone
     assert w.volatile == {b"Sa": (1, 1.0)} and w.volatile_at == {1: b"Sa"}
     w.forget(b"Sa")
-    w.unsettle(b"Sa", 1, 1.0)  # no longer in the window: nothing to mark
+    w.unsettle(b"Sa", 1.0, 1)  # no longer in the window: nothing to mark
     assert not w.volatile and not w.volatile_at
 
 

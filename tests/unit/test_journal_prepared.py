@@ -274,3 +274,17 @@ def test_the_journal_rolls_over_to_a_prepared_segment_and_marks_what_was_on_disk
     assert [durable for _, _, durable in marks] == [0] + [at + R.MARK_SIZE for _, at, _ in marks[:-1]]
     image, report, numbers, _ = read_journal(tmp_path)
     assert numbers == [1, 2] and report.cut == 0 and sorted(image.messages[1]) == list(range(1, pos + 4))
+
+
+def test_an_id_written_twice_counts_once_before_the_window_is_cut_to_its_count(tmp_path: Path) -> None:
+    """A write that failed has its window's ids written again with the next one, so an id may be in the journal
+    twice: the window comes back with the last `duplicate-window` distinct ids (here b was cut for the second c and
+    d, and a resend of b would have been taken twice)."""
+    s = Segment()
+    s.commit(0, R.queue(1, "q", "u1", {"durable": True, "duplicate-window": 4}, 1),
+             R.dedup(1, [(b"Sa", 1.0), (b"Sb", 2.0), (b"Sc", 3.0), (b"Sd", 4.0)], True))
+    s.commit(0, R.dedup(1, [(b"Sc", 3.0), (b"Sd", 4.0), (b"Se", 5.0)], False))
+    d = tmp_path / "journal"
+    d.mkdir()
+    (d / segment_name(1)).write_bytes(bytes(s.data))
+    assert read_journal(d)[0].window(1) == [(b"Sb", 2.0), (b"Sc", 3.0), (b"Sd", 4.0), (b"Se", 5.0)]
