@@ -354,8 +354,9 @@ _EVENTS: tuple[Event, ...] = (
                    U("exchanges"), U("bindings"), U("seconds", "recovery took"))),
     Event("journal.torn_tail", _WARN, _S, "the last segment ends in a write a crash cut short (a partial or bad "
           "record that no later commit saw on disk, or whole records with no MARK after them): cut off at start "
-          "from where that write begins, with everything after it; only unconfirmed messages can be in it", (U("bytes", "cut off the last segment (up to its last byte that is not zero)"),
-                                    U("description", "what was incomplete"))),
+          "from where that write begins, with everything after it; only unconfirmed messages can be in it",
+          (U("bytes", "cut off the last segment (up to its last byte that is not zero)"),
+           U("description", "what was incomplete"))),
     Event("journal.refused", _ERR, _S, "the journal is damaged (not a torn tail), of a newer format, or a file of it "
           "cannot be opened or read (named with the system's reason): the broker does not start (exit code 2); "
           "`description` says where, and for damage how to cut it",
